@@ -1,0 +1,118 @@
+"""Wire types: the only things that cross between roles (rollout → learner).
+
+Each is validated on construction so a malformed trajectory fails where it was made, not three actors later.
+
+Token roles, one 0/1 mask each, all as long as `token_ids`:
+- action: sampled by the policy (GRPO loss);
+- env: the tool's own output text (ECHO loss);
+- template: chat scaffolding around a tool result (no loss);
+- prompt tokens are those in none of the three masks (no loss).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+FINISH_REASONS = ("answer", "max_turns", "length", "error")
+
+
+@dataclass
+class Trajectory:
+    prompt_id: str
+    sample_index: int
+    token_ids: list[int]
+    action_mask: list[int]
+    env_mask: list[int]
+    template_mask: list[int]
+    rollout_logprobs: list[float]  # logprob of each action token under the rollout policy; 0.0 elsewhere
+    reward: float
+    policy_version: int
+    finish_reason: str
+    prompt_len: int
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    num_tool_calls: int = 0
+    num_tool_errors: int = 0
+    completion_text: str = ""
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        for name in ("action_mask", "env_mask", "template_mask", "rollout_logprobs"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"Trajectory {self.prompt_id}/{self.sample_index}: {name} has length "
+                                 f"{len(getattr(self, name))}, token_ids has {n}")
+        for i, (a, e, t) in enumerate(zip(self.action_mask, self.env_mask, self.template_mask)):
+            if a + e + t > 1:
+                raise ValueError(f"Trajectory {self.prompt_id}/{self.sample_index}: token {i} is in two roles")
+        if any(self.action_mask[: self.prompt_len]) or any(self.env_mask[: self.prompt_len]):
+            raise ValueError(f"Trajectory {self.prompt_id}/{self.sample_index}: prompt tokens carry a loss mask")
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"Trajectory finish_reason {self.finish_reason!r} not in {FINISH_REASONS}")
+        if self.policy_version < 0:
+            raise ValueError("Trajectory policy_version must be >= 0")
+        if not (self.reward == self.reward):  # NaN
+            raise ValueError(f"Trajectory {self.prompt_id}/{self.sample_index}: reward is NaN")
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(self.action_mask)
+
+    @property
+    def num_env_tokens(self) -> int:
+        return sum(self.env_mask)
+
+
+@dataclass
+class TrajectoryGroup:
+    """The G samples of one prompt: the unit GRPO normalizes over."""
+
+    prompt_id: str
+    trajectories: list[Trajectory]
+
+    def __post_init__(self) -> None:
+        if not self.trajectories:
+            raise ValueError(f"TrajectoryGroup {self.prompt_id} is empty")
+        for t in self.trajectories:
+            if t.prompt_id != self.prompt_id:
+                raise ValueError(f"TrajectoryGroup {self.prompt_id} holds a trajectory of {t.prompt_id}")
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+    @property
+    def min_policy_version(self) -> int:
+        return min(t.policy_version for t in self.trajectories)
+
+
+@dataclass
+class TrainBatch:
+    """Padded tensors for one learner step (or one micro-batch of it). Shapes: (B, T) unless noted."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    action_mask: torch.Tensor
+    env_mask: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    advantages: torch.Tensor  # (B,)
+    truncated: torch.Tensor  # (B,) bool: the completion hit the token budget
+    policy_version: torch.Tensor  # (B,)
+
+    def __post_init__(self) -> None:
+        b, t = self.input_ids.shape
+        for name in ("attention_mask", "action_mask", "env_mask", "rollout_logprobs"):
+            if tuple(getattr(self, name).shape) != (b, t):
+                raise ValueError(f"TrainBatch.{name} has shape {tuple(getattr(self, name).shape)}, want {(b, t)}")
+        for name in ("advantages", "truncated", "policy_version"):
+            if tuple(getattr(self, name).shape) != (b,):
+                raise ValueError(f"TrainBatch.{name} has shape {tuple(getattr(self, name).shape)}, want {(b,)}")
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def slice(self, start: int, stop: int) -> TrainBatch:
+        return TrainBatch(**{k: v[start:stop] for k, v in self.__dict__.items()})
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        return TrainBatch(**{k: v.to(device) for k, v in self.__dict__.items()})
