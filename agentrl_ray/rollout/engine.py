@@ -1,0 +1,106 @@
+"""The only module that imports vLLM: a thin wrapper around one `vllm.LLM` engine.
+
+Tokens in, tokens out: prompts go in as token ids and come back as sampled token ids with the logprob of each
+sampled token, so the learner trains on exactly what was sampled. Weights are updated in place through vLLM's
+`reload_weights` with Hugging Face parameter names (the path that works on CPU as well as GPU, see FACTS.md).
+
+vLLM's engine settings are process-wide environment variables, so `configure_vllm_env` must run before the first
+`import vllm` in the process (the rollout worker calls it in its constructor).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+
+def configure_vllm_env(*, kv_cache_gib: float, use_gpu: bool) -> None:
+    # Keep the engine core in this process so collective_rpc runs in-process (weight reload without IPC).
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if not use_gpu:
+        # Without an explicit size vLLM CPU reserves most of RAM for KV cache, and a second engine then fails.
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(round(kv_cache_gib))))
+        # Threads are shared with the learner and env actors on small machines: do not pin cores.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (hit a stop token) or "length"
+
+
+def _reload(worker, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+    worker.model_runner.reload_weights(weights_iterator=iter(named_tensors))
+
+
+class VLLMEngine:
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str,
+        seed: int,
+        max_model_len: int,
+        max_num_seqs: int,
+        enforce_eager: bool,
+        gpu_memory_utilization: float,
+    ) -> None:
+        from vllm import LLM
+
+        self.llm = LLM(
+            model=model_path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=True,
+        )
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_tokens: list[int],
+        *,
+        temperature: float,
+        top_p: float,
+        stop_token_ids: list[int],
+        seeds: list[int] | None = None,
+    ) -> list[Generation]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = [
+            SamplingParams(
+                max_tokens=m,
+                temperature=temperature,
+                top_p=top_p,
+                logprobs=0,  # logprob of the sampled token only
+                stop_token_ids=stop_token_ids,
+                seed=None if seeds is None else seeds[i],
+                detokenize=False,
+            )
+            for i, m in enumerate(max_tokens)
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+        )
+        results = []
+        for out in outputs:
+            comp = out.outputs[0]
+            ids = list(comp.token_ids)
+            # One {token_id: Logprob} dict per sampled token; the sampled token is always present.
+            lps = [float(d[t].logprob) for t, d in zip(ids, comp.logprobs)]
+            results.append(Generation(ids, lps, "length" if comp.finish_reason == "length" else "stop"))
+        return results
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.llm.collective_rpc(_reload, args=(list(named_tensors),))
+        # Cached KV blocks were computed by the old weights.
+        self.llm.reset_prefix_cache()

@@ -1,0 +1,98 @@
+"""RolloutPool: the plain-Python group that owns the rollout and env actors.
+
+It is created by the driver and handed to the learner through `train_loop_config` (it holds only actor handles,
+so it pickles). Learner rank 0 calls `sample(...)` for each step's batch and the weight-sync methods after each
+step. Placement takes `num_gpus=0` on CPU, so the same code runs in the CPU tests and on a GPU cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+import torch
+
+from agentrl_ray.config import Config
+from agentrl_ray.types import TrajectoryGroup
+
+
+class RolloutPool:
+    def __init__(self, workers: list[Any], env_hosts: list[Any]) -> None:
+        self.workers = workers
+        self.env_hosts = env_hosts
+
+    @classmethod
+    def create(cls, cfg: Config, model_path: str) -> RolloutPool:
+        from agentrl_ray.envs.host import EnvHost
+        from agentrl_ray.rollout.worker import RolloutWorker
+
+        env_actor = ray.remote(EnvHost).options(num_cpus=cfg.env.num_cpus_per_actor, max_concurrency=1000)
+        env_hosts = [env_actor.remote(tool_timeout_s=cfg.env.tool_timeout_s) for _ in range(cfg.env.num_actors)]
+        r = cfg.rollout
+        runtime_env = {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}}
+        worker_actor = ray.remote(RolloutWorker).options(
+            num_cpus=r.num_cpus_per_worker, num_gpus=r.num_gpus_per_worker, runtime_env=runtime_env
+        )
+        workers = [
+            worker_actor.remote(i, model_path, cfg.model, r, cfg.env, cfg.reward, env_hosts, cfg.run.seed)
+            for i in range(r.num_workers)
+        ]
+        pool = cls(workers, env_hosts)
+        ray.get([w.get_version.remote() for w in workers])  # surface engine start-up errors here
+        return pool
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+    def sample(
+        self, rows: list[dict[str, Any]], group_size: int, temperature: float, seed: int
+    ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+        """Split the rows over the workers, gather the groups back in row order, sum the phase timings."""
+        shards = [rows[i :: self.num_workers] for i in range(self.num_workers)]
+        refs = [
+            w.rollout.remote(shard, group_size, temperature, seed)
+            for w, shard in zip(self.workers, shards)
+            if shard
+        ]
+        groups: list[TrajectoryGroup] = []
+        timings: dict[str, float] = {}
+        for shard_groups, shard_timings in ray.get(refs):
+            groups.extend(shard_groups)
+            for k, v in shard_timings.items():
+                timings[k] = max(timings.get(k, 0.0), v)  # workers run in parallel: the slowest one counts
+        order = {str(r["id"]): i for i, r in enumerate(rows)}
+        groups.sort(key=lambda g: order[g.prompt_id])
+        return groups, timings
+
+    def versions(self) -> list[int]:
+        return ray.get([w.get_version.remote() for w in self.workers])
+
+    def load_state_dict(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
+        ref = ray.put(named)
+        ray.get([w.load_state_dict.remote(ref, version) for w in self.workers])
+
+    def load_lora(self, adapter: dict[str, torch.Tensor], scaling: float, version: int) -> None:
+        ref = ray.put(adapter)
+        ray.get([w.load_lora.remote(ref, scaling, version) for w in self.workers])
+
+    def init_collective_async(self, addr: str, port: int, world: int) -> list[Any]:
+        return [w.init_collective.remote(addr, port, world, i + 1) for i, w in enumerate(self.workers)]
+
+    def receive_collective_async(self, spec: list, version: int) -> list[Any]:
+        return [w.receive_collective.remote(spec, version) for w in self.workers]
+
+    @staticmethod
+    def wait(refs: list[Any]) -> list[Any]:
+        return ray.get(refs)
+
+    def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[tuple[list[int], list[float]]]]:
+        """Greedy generation on every worker (for sync checks): one list of results per worker."""
+        return ray.get([w.greedy.remote(prompts, max_tokens) for w in self.workers])
+
+    def env_stats(self) -> list[dict[str, Any]]:
+        return ray.get([h.stats.remote() for h in self.env_hosts])
+
+    def shutdown(self) -> None:
+        for actor in self.workers + self.env_hosts:
+            ray.kill(actor)

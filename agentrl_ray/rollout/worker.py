@@ -1,0 +1,218 @@
+"""RolloutWorker: a thin Ray actor owning one vLLM engine.
+
+It samples groups of trajectories with the multi-turn tool loop (environments live in separate env actors),
+scores them with the reward functions, and receives new weights after every learner step: a full state dict
+(object store or collective), or LoRA A/B tensors that it merges into its own copy of the base weights so the
+payload scales with the adapter, not the model.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Any
+
+import torch
+
+from agentrl_ray.config import EnvConfig, ModelConfig, RewardConfig, RolloutConfig
+from agentrl_ray.rollout.agent_loop import ACTION, ENV, TEMPLATE, Episode, run_episodes
+from agentrl_ray.types import Trajectory, TrajectoryGroup
+
+
+class RolloutWorker:
+    def __init__(
+        self,
+        index: int,
+        model_path: str,
+        model_cfg: ModelConfig,
+        cfg: RolloutConfig,
+        env_cfg: EnvConfig,
+        reward_cfg: RewardConfig,
+        env_hosts: list[Any],
+        seed: int,
+    ) -> None:
+        from agentrl_ray.rollout.engine import VLLMEngine, configure_vllm_env
+
+        configure_vllm_env(kv_cache_gib=cfg.kv_cache_gib, use_gpu=cfg.num_gpus_per_worker > 0)
+        from transformers import AutoTokenizer
+
+        from agentrl_ray.envs.base import load_env_class, tool_schemas
+        from agentrl_ray.rewards import load_reward_functions
+
+        self.index = index
+        self.cfg = cfg
+        self.env_cfg = env_cfg
+        self.reward_cfg = reward_cfg
+        self.env_hosts = env_hosts
+        self.model_path = model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if self.tokenizer.eos_token_id is None:
+            raise ValueError(f"the tokenizer of {model_path} has no eos token: turns could never end")
+        self.tools = tool_schemas(load_env_class(env_cfg.name))
+        self.reward_funcs = load_reward_functions(reward_cfg.functions)
+        self.engine = VLLMEngine(
+            model_path,
+            dtype=model_cfg.dtype,
+            seed=seed + index,
+            max_model_len=cfg.max_total_tokens,
+            max_num_seqs=cfg.max_num_seqs,
+            enforce_eager=cfg.enforce_eager,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+        )
+        self.version = 0
+        self._base_weights: dict[str, torch.Tensor] | None = None  # LoRA: unmerged base, loaded on first use
+        self._collective = None
+
+    # ---------------------------------------------------------------- rollouts
+
+    async def rollout(
+        self, rows: list[dict[str, Any]], group_size: int, temperature: float, seed: int
+    ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+        """Sample `group_size` trajectories for each row; returns the groups and timing/env stats."""
+        from agentrl_ray.rewards import score
+
+        timings = {"generate_s": 0.0, "env_s": 0.0, "reward_s": 0.0}
+        episodes = await self._start_episodes(rows, group_size, seed)
+        try:
+            await run_episodes(
+                episodes,
+                self.engine,
+                self.tokenizer,
+                self.cfg,
+                temperature=temperature,
+                seed=seed,
+                stop_token_ids=[self.tokenizer.eos_token_id],
+                timings=timings,
+            )
+            t0 = time.perf_counter()
+            env_rewards = await self._gather([e.env.env_reward.remote(e.key, e.messages[-1]["content"]) for e in episodes])
+            expanded = [row for row in rows for _ in range(group_size)]
+            columns = {k: [r.get(k) for r in expanded] for k in expanded[0]}
+            rewards, parts = score(
+                self.reward_funcs,
+                self.reward_cfg.weights,
+                [e.messages for e in episodes],
+                columns,
+                trajectories=[self._episode_info(e) for e in episodes],
+                env_rewards=env_rewards,
+            )
+            timings["reward_s"] += time.perf_counter() - t0
+        finally:
+            await self._gather([e.env.close.remote(e.key) for e in episodes])
+        trajs = [self._to_trajectory(e, r, p) for e, r, p in zip(episodes, rewards, parts)]
+        groups = [
+            TrajectoryGroup(str(row["id"]), trajs[i * group_size : (i + 1) * group_size]) for i, row in enumerate(rows)
+        ]
+        return groups, timings
+
+    async def _start_episodes(self, rows: list[dict[str, Any]], group_size: int, seed: int) -> list[Episode]:
+        keys, hosts, refs = [], [], []
+        for row in rows:
+            for j in range(group_size):
+                key = f"w{self.index}-s{seed}-{row['id']}-{j}"
+                host = self.env_hosts[zlib.crc32(key.encode()) % len(self.env_hosts)]
+                keys.append(key)
+                hosts.append(host)
+                refs.append(host.create.remote(key, self.env_cfg.name, self.env_cfg.kwargs, row))
+        reset_texts = await self._gather(refs)
+        episodes = []
+        for i, (key, host, extra) in enumerate(zip(keys, hosts, reset_texts)):
+            ids = self._prompt_ids(rows[i // group_size], extra)
+            row = rows[i // group_size]
+            episodes.append(Episode(key, str(row["id"]), i % group_size, host, ids, prompt_len=len(ids)))
+        return episodes
+
+    def _prompt_ids(self, row: dict[str, Any], extra: str | None) -> list[int]:
+        prompt = row["prompt"]
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+        if extra:
+            # TRL convention: text returned by reset() is appended to the last user message.
+            messages[-1]["content"] = f"{messages[-1]['content']}{extra}"
+        ids = self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        if len(ids) + 1 >= self.cfg.max_total_tokens:
+            raise ValueError(
+                f"prompt {row['id']} is {len(ids)} tokens, over rollout.max_total_tokens={self.cfg.max_total_tokens}"
+            )
+        return list(ids)
+
+    @staticmethod
+    async def _gather(refs: list[Any]) -> list[Any]:
+        import asyncio
+
+        return list(await asyncio.gather(*refs))
+
+    def _episode_info(self, ep: Episode) -> dict[str, Any]:
+        return {
+            "finish_reason": ep.finish_reason,
+            "num_tool_calls": ep.num_tool_calls,
+            "num_tool_errors": ep.num_tool_errors,
+            "num_tokens": len(ep.ids) - ep.prompt_len,
+        }
+
+    def _to_trajectory(self, ep: Episode, reward: float, parts: dict[str, float]) -> Trajectory:
+        return Trajectory(
+            prompt_id=ep.prompt_id,
+            sample_index=ep.sample_index,
+            token_ids=ep.ids,
+            action_mask=[int(r == ACTION) for r in ep.roles],
+            env_mask=[int(r == ENV) for r in ep.roles],
+            template_mask=[int(r == TEMPLATE) for r in ep.roles],
+            rollout_logprobs=ep.logprobs,
+            reward=float(reward),
+            reward_parts=parts,
+            policy_version=self.version,
+            finish_reason=ep.finish_reason,
+            prompt_len=ep.prompt_len,
+            num_tool_calls=ep.num_tool_calls,
+            num_tool_errors=ep.num_tool_errors,
+            completion_text=self.tokenizer.decode(ep.ids[ep.prompt_len :], skip_special_tokens=False),
+        )
+
+    # ---------------------------------------------------------------- weights
+
+    def get_version(self) -> int:
+        return self.version
+
+    def load_state_dict(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
+        self.engine.load_weights(named_tensors)
+        self.version = version
+        return version
+
+    def load_lora(self, adapter: dict[str, torch.Tensor], scaling: float, version: int) -> int:
+        """Merge LoRA A/B into the base weights: W = W0 + scaling * B @ A, then reload in place."""
+        if self._base_weights is None:
+            from pathlib import Path
+
+            from safetensors.torch import load_file
+
+            self._base_weights = {}
+            for f in sorted(Path(self.model_path).glob("*.safetensors")):
+                self._base_weights.update(load_file(str(f)))
+        merged = []
+        for name, a in adapter.items():
+            if not name.endswith(".lora_A"):
+                continue
+            target = name.removesuffix(".lora_A") + ".weight"
+            b = adapter[name.removesuffix(".lora_A") + ".lora_B"]
+            base = self._base_weights[target]
+            merged.append((target, (base.float() + scaling * (b.float() @ a.float())).to(base.dtype)))
+        return self.load_state_dict(merged, version)
+
+    def init_collective(self, master_addr: str, port: int, world_size: int, rank: int) -> bool:
+        from agentrl_ray.sync.collective import CollectiveGroup
+
+        self._collective = CollectiveGroup(master_addr, port, world_size, rank)
+        return True
+
+    def receive_collective(self, spec: list[tuple[str, tuple[int, ...], str]], version: int) -> int:
+        named = self._collective.receive(spec)
+        return self.load_state_dict(named, version)
+
+    def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
+        """Deterministic generation for weight-sync checks: (token ids, logprobs) per prompt."""
+        gens = self.engine.generate(
+            prompts, [max_tokens] * len(prompts), temperature=0.0, top_p=1.0, stop_token_ids=[]
+        )
+        return [(g.token_ids, g.logprobs) for g in gens]
