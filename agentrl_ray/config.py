@@ -52,7 +52,8 @@ class RolloutConfig:
     max_total_tokens: int = 320
     temperature: float = 1.0
     top_p: float = 1.0
-    eval_temperature: float = 0.0
+    # Held-out success is measured by sampling at this temperature (pass@1 of the policy as it is trained).
+    eval_temperature: float = 1.0
     kv_cache_gib: float = 1.0
     max_num_seqs: int = 256
     num_cpus_per_worker: float = 0.5
@@ -162,6 +163,8 @@ class RunConfig:
     resume: bool = False
     eval_every: int = 10
     eval_at_start: bool = True
+    eval_samples: int = 2  # samples per held-out prompt
+    success_threshold: float = 1.0  # a trajectory succeeds when its reward reaches this
     wandb: bool = False
     wandb_mode: Literal["online", "offline"] = "offline"
     wandb_project: str = "agentrl_ray"
@@ -327,7 +330,8 @@ def validate(cfg: Config) -> None:
         f"rollout.max_total_tokens ({r.max_total_tokens}) must exceed rollout.max_tokens_per_turn "
         f"({r.max_tokens_per_turn}): the prompt has to fit too",
     )
-    need(r.temperature > 0, "rollout.temperature must be > 0 for training rollouts (use eval_temperature=0)")
+    need(r.temperature > 0, "rollout.temperature must be > 0 for training rollouts")
+    need(r.eval_temperature >= 0, "rollout.eval_temperature must be >= 0 (0 = greedy)")
     need(0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]")
     need(r.kv_cache_gib > 0, "rollout.kv_cache_gib must be > 0")
     need(cfg.env.num_actors >= 1, "env.num_actors must be at least 1")
@@ -375,4 +379,10 @@ def validate(cfg: Config) -> None:
     need(cfg.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0 (0 = only at the end)")
     need(cfg.run.eval_every >= 0, "run.eval_every must be >= 0 (0 = only at the end)")
     need(cfg.data.eval_size >= 1, "data.eval_size must be at least 1")
+    need(cfg.run.eval_samples >= 1, "run.eval_samples must be at least 1")
+    need(
+        r.prompts_per_step * r.group_size >= lr.num_workers,
+        f"rollout.prompts_per_step * rollout.group_size ({r.prompts_per_step * r.group_size}) must be at least "
+        f"learner.num_workers ({lr.num_workers}): every learner rank needs samples",
+    )
     need(bool(cfg.run.name) and "/" not in cfg.run.name, "run.name must be a non-empty name without '/'")

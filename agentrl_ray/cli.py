@@ -1,0 +1,75 @@
+"""agentrl-ray: command-line entry point.
+
+    agentrl-ray train [CONFIG.yaml] [section.key=value ...]    train (local Ray, or the cluster at RAY_ADDRESS)
+    agentrl-ray config [CONFIG.yaml] [section.key=value ...]   print the resolved config and exit
+    agentrl-ray build-model                                    build and cache the built-in default model
+
+Examples (CPU, default task):     agentrl-ray train examples/calculator/config.yaml
+  one GPU:                        agentrl-ray train examples/calculator/config.yaml profile=gpu
+  a Ray cluster:                  ray job submit --working-dir . -- agentrl-ray train examples/calculator/config.yaml
+
+Heavy imports (torch, Ray, vLLM) happen only after the arguments and the config have been validated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agentrl-ray", description="Ray-distributed GRPO + ECHO for tool-using agents")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, help_text in (("train", "run training end to end"), ("config", "print the resolved config")):
+        s = sub.add_parser(name, help=help_text)
+        s.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value",
+                       help="an optional YAML config file, then dotted overrides such as learner.lr=1e-5")
+    sub.add_parser("build-model", help="build and cache the built-in default model")
+    return p
+
+
+def _split(args: list[str]) -> tuple[str | None, list[str]]:
+    path = None
+    if args and "=" not in args[0]:
+        path, args = args[0], args[1:]
+    bad = [a for a in args if "=" not in a]
+    if bad:
+        raise SystemExit(f"agentrl-ray: expected key=value overrides after the config file, got {bad}")
+    return path, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.command == "build-model":
+        from agentrl_ray.builtin_model import ensure_builtin_model
+
+        print(ensure_builtin_model())
+        return 0
+    from agentrl_ray.config import ConfigError, load_config
+
+    path, overrides = _split(args.args)
+    try:
+        cfg = load_config(path, overrides)
+    except ConfigError as exc:
+        print(f"agentrl-ray: config error: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "config":
+        print(json.dumps(cfg.to_dict(), indent=2))
+        return 0
+    from agentrl_ray.driver import train
+
+    try:
+        metrics = train(cfg)
+    except ConfigError as exc:
+        print(f"agentrl-ray: {exc}", file=sys.stderr)
+        return 2
+    evals = {k: round(v, 4) for k, v in metrics.items() if k.startswith("eval/")}
+    print(f"done: {cfg.run_dir} {json.dumps(evals)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""The RL loop: Ray Train's `train_loop_per_worker`.
+
+Per step, as named phases: rollout (rank 0 asks the pool) → broadcast the groups to all ranks → advantages →
+update (every rank on its shard, micro-batched) → sync (rank 0 pushes weights to every rollout worker) → log,
+evaluate and checkpoint through `ray.train.report`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agentrl_ray.config import Config
+from agentrl_ray.outputs import MetricsLog, plot_curves
+from agentrl_ray.learner.batching import build_batch, loss_norm, micro_batches, shard
+from agentrl_ray.learner.policy import TRAINER_STATE, Policy
+from agentrl_ray.types import TrajectoryGroup
+
+
+class PromptSampler:
+    """Deterministic, resumable: the prompts of step s depend only on (seed, s)."""
+
+    def __init__(self, rows: list[dict[str, Any]], per_step: int, seed: int) -> None:
+        self.rows, self.per_step, self.seed = rows, per_step, seed
+        self.drawn = 0  # extra draws for dynamic-sampling refills
+
+    def _row(self, i: int) -> dict[str, Any]:
+        epoch, pos = divmod(i, len(self.rows))
+        perm = list(range(len(self.rows)))
+        random.Random(self.seed * 1000003 + epoch).shuffle(perm)
+        return self.rows[perm[pos]]
+
+    def for_step(self, step: int, extra: int = 0) -> list[dict[str, Any]]:
+        # Refills draw past the step's own window, from a disjoint region far ahead.
+        base = step * self.per_step if extra == 0 else (10**6 + step * 97 + extra) * self.per_step
+        return [self._row(base + k) for k in range(self.per_step)]
+
+
+def collect(pool, sampler: PromptSampler, cfg: Config, step: int, version: int) -> tuple[list[TrajectoryGroup], dict]:
+    """Rollout phase with dynamic sampling (DAPO): drop or refill groups whose rewards are all equal."""
+    from agentrl_ray.algorithms import dynamic_sampling_keep
+
+    a, r = cfg.algorithm, cfg.rollout
+    seed = cfg.run.seed * 100003 + step
+    groups, timings = pool.sample(sampler.for_step(step), r.group_size, r.temperature, seed)
+    stats = {"rollout/groups_sampled": len(groups)}
+    if a.dynamic_sampling != "off":
+        groups = _keep_varied(groups, dynamic_sampling_keep)
+        rounds = 0
+        while a.dynamic_sampling == "resample" and len(groups) < r.prompts_per_step and rounds < a.max_resample_rounds:
+            rounds += 1
+            more, t = pool.sample(sampler.for_step(step, rounds), r.group_size, r.temperature, seed + 7919 * rounds)
+            timings = {k: timings.get(k, 0.0) + v for k, v in t.items()}
+            stats["rollout/groups_sampled"] += len(more)
+            groups += _keep_varied(more, dynamic_sampling_keep)
+        groups = groups[: r.prompts_per_step]
+    stale = [g.prompt_id for g in groups if g.min_policy_version < version - cfg.sync.max_staleness]
+    if stale:
+        raise RuntimeError(
+            f"step {step}: groups {stale[:3]} were sampled by a policy older than version {version} - "
+            f"{cfg.sync.max_staleness} (sync.max_staleness): the weight sync did not reach every rollout worker"
+        )
+    return groups, {**stats, **timings}
+
+
+def _keep_varied(groups: list[TrajectoryGroup], keep_fn) -> list[TrajectoryGroup]:
+    if not groups:
+        return groups
+    rewards = torch.tensor([t.reward for g in groups for t in g.trajectories])
+    index = torch.tensor([i for i, g in enumerate(groups) for _ in g.trajectories])
+    keep = keep_fn(rewards, index)
+    return [g for i, g in enumerate(groups) if bool(keep[index == i].all())]
+
+
+def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int, pad_id: int) -> dict[str, float]:
+    """Advantages → loss → backward over micro-batches → optimizer step(s); returns averaged metrics."""
+    from agentrl_ray.algorithms import compute_loss, token_logprobs_and_entropy, world_model_coeff_at
+
+    import ray.train
+
+    rank, world = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
+    a, lc = cfg.algorithm, cfg.learner
+    full = build_batch(groups, a, pad_id, cfg.rollout.max_total_tokens)
+    norm = loss_norm(full, a.loss_norm_constant or cfg.rollout.max_total_tokens, world)
+    mine = shard(full, rank, world)
+    n_micro = math.ceil(max(len(shard(full, r, world)) for r in range(world)) / lc.micro_batch_size)
+    mbs = [(mb.to(policy.device), w) for mb, w in micro_batches(mine, n_micro)]
+    coeff = world_model_coeff_at(a, step)
+    old = [mb.rollout_logprobs for mb, _ in mbs]
+    if a.tis_cap > 0:  # PPO ratio against the learner's own recomputation; TIS weights the rollout mismatch
+        with torch.no_grad():
+            old = [token_logprobs_and_entropy(policy.logits(mb.input_ids, mb.attention_mask), mb.input_ids, False)[0]
+                   for mb, _ in mbs]
+    refs = [None] * len(mbs)
+    if a.beta > 0:
+        refs = [token_logprobs_and_entropy(policy.reference_logits(mb.input_ids, mb.attention_mask), mb.input_ids,
+                                           False)[0] for mb, _ in mbs]
+    sums: dict[str, float] = {}
+    lr = lc.lr * min(1.0, (step + 1) / lc.warmup_steps) if lc.warmup_steps else lc.lr
+    for _ in range(a.num_iterations):
+        for i, (mb, weight) in enumerate(mbs):
+            last = i == len(mbs) - 1
+            with policy.grad_sync_context(last):
+                logits = policy.logits(mb.input_ids, mb.attention_mask)  # (b, t, V)
+                logprobs, entropy = token_logprobs_and_entropy(logits, mb.input_ids)
+                loss, metrics = compute_loss(logprobs, entropy, mb, a, norm, old_logprobs=old[i], world_coeff=coeff,
+                                             ref_logprobs=refs[i])
+                policy.backward(loss * weight, last)
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v * weight * len(mb)
+        sums["grad_norm"] = sums.get("grad_norm", 0.0) + policy.step(lr) * len(mine)
+    denom = max(1, len(mine)) * a.num_iterations
+    out = {f"loss/{k}": v / denom for k, v in sums.items()}
+    out["loss/world_model_coeff"] = coeff
+    out["loss/lr"] = lr
+    return out
+
+
+def evaluate(pool, policy: Policy, rows: list[dict[str, Any]], cfg: Config, seed: int, pad_id: int) -> dict:
+    """Held-out success (sampled at rollout.eval_temperature) and the ECHO held-out environment-token CE."""
+    from agentrl_ray.algorithms import token_logprobs_and_entropy
+
+    groups, _ = pool.sample(rows, cfg.run.eval_samples, cfg.rollout.eval_temperature, seed)
+    trajs = [t for g in groups for t in g.trajectories]
+    rewards = [t.reward for t in trajs]
+    out = {
+        "eval/success": sum(r >= cfg.run.success_threshold for r in rewards) / len(rewards),
+        "eval/reward": sum(rewards) / len(rewards),
+        "eval/tool_call_rate": sum(t.num_tool_calls > 0 for t in trajs) / len(trajs),
+    }
+    batch = build_batch(groups, cfg.algorithm, pad_id, cfg.rollout.max_total_tokens)
+    if batch.env_mask.sum() > 0 and not (cfg.learner.backend == "deepspeed" and cfg.learner.zero_stage == 3):
+        nll, count = 0.0, 0.0
+        with torch.no_grad():
+            for mb, _ in micro_batches(batch, math.ceil(len(batch) / cfg.learner.micro_batch_size)):
+                mb = mb.to(policy.device)
+                logits = policy.module(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+                logprobs, _ = token_logprobs_and_entropy(logits, mb.input_ids, False)
+                nll -= float((logprobs * mb.env_mask).sum())
+                count += float(mb.env_mask.sum())
+        out["eval/env_token_ce"] = nll / count
+    return out
+
+
+def rollout_metrics(groups: list[TrajectoryGroup], cfg: Config) -> dict[str, float]:
+    trajs = [t for g in groups for t in g.trajectories]
+    n = len(trajs)
+    rewards = [t.reward for t in trajs]
+    metrics = {
+        "reward/mean": sum(rewards) / n,
+        "rollout/success": sum(r >= cfg.run.success_threshold for r in rewards) / n,
+        "rollout/sampled_tokens": sum(t.num_action_tokens for t in trajs),
+        "rollout/env_tokens": sum(t.num_env_tokens for t in trajs),
+        "rollout/mean_length": sum(len(t.token_ids) - t.prompt_len for t in trajs) / n,
+        "rollout/tool_calls_per_traj": sum(t.num_tool_calls for t in trajs) / n,
+        "rollout/tool_error_rate": sum(t.num_tool_errors for t in trajs) / max(1, sum(t.num_tool_calls for t in trajs)),
+        "rollout/zero_variance_groups": sum(len(set(g.rewards)) == 1 for g in groups) / max(1, len(groups)),
+        "rollout/truncated": sum(t.finish_reason == "length" for t in trajs) / n,
+    }
+    parts: dict[str, float] = {}
+    for t in trajs:
+        for k, v in t.reward_parts.items():
+            parts[f"reward/{k}"] = parts.get(f"reward/{k}", 0.0) + v / n
+    return {**metrics, **parts}
+
+
+def broadcast_groups(groups: list[TrajectoryGroup] | None, world: int) -> list[TrajectoryGroup]:
+    if world == 1:
+        return groups
+    box = [groups]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def save_checkpoint(policy: Policy, tokenizer, state: dict[str, Any], rank: int, metrics: dict[str, Any]) -> None:
+    import ray.train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        policy.save(Path(tmp), {**state, "rank": rank}, tokenizer)
+        ray.train.report(
+            metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+            checkpoint_dir_name=f"checkpoint_{state['step']:06d}",
+        )
+
+
+def restore(policy: Policy) -> dict[str, Any] | None:
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as path:
+        if not (Path(path) / TRAINER_STATE).exists():
+            raise RuntimeError(f"checkpoint {path} has no {TRAINER_STATE}: it is incomplete")
+        return policy.load(Path(path))
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    import ray.train
+    from transformers import AutoTokenizer
+
+    from agentrl_ray.sync.weight_sync import make_weight_sync
+
+    cfg: Config = config["config"]
+    pool, model_path = config["pool"], config["model_path"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    if cfg.learner.torch_threads:
+        torch.set_num_threads(cfg.learner.torch_threads)
+    torch.manual_seed(cfg.run.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    policy = Policy(model_path, cfg.model, cfg.learner, need_reference=cfg.algorithm.beta > 0)
+    state = restore(policy) or {"step": 0, "samples": 0}
+    start, samples = state["step"], state["samples"]
+    sampler = PromptSampler(config["train_rows"], cfg.rollout.prompts_per_step, cfg.run.seed)
+    log = sync = None
+    if rank == 0:
+        sync = make_weight_sync(cfg.sync.transport, lora_scaling=policy.lora_scaling, use_gpu=cfg.learner.use_gpu)
+        sync.setup(pool)
+        log = MetricsLog(cfg.run_dir, cfg.run, cfg.to_dict(), cfg.run.steps)
+        log.truncate_after(start)
+        if start > 0:  # the rollout engines restarted from the base model: give them the checkpoint's weights
+            sync.push(policy.named_tensors_for_sync(), start)
+        elif cfg.run.eval_at_start:
+            m = evaluate(pool, policy, config["eval_rows"], cfg, seed=-1, pad_id=pad_id)
+            log.log(0, {**m, "samples": 0})
+            print(f"step    0/{cfg.run.steps} | eval success {m['eval/success']:.3f} (before training)", flush=True)
+    for step in range(start, cfg.run.steps):
+        t_step = time.perf_counter()
+        groups, stats = collect(pool, sampler, cfg, step, version=step) if rank == 0 else (None, {})
+        t_rollout = time.perf_counter() - t_step
+        groups = broadcast_groups(groups, world)
+        metrics: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        if groups:
+            metrics.update(update(policy, groups, cfg, step, pad_id))
+        t_learn = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if rank == 0:
+            sync.push(policy.named_tensors_for_sync(), step + 1)
+        t_sync = time.perf_counter() - t0
+        done = step + 1
+        samples += sum(len(g.trajectories) for g in groups)
+        metrics.update(samples=samples, **_phase_times(stats, t_rollout, t_learn, t_sync, time.perf_counter() - t_step))
+        if rank == 0:
+            metrics.update(rollout_metrics(groups, cfg) if groups else {"reward/mean": 0.0, "rollout/success": 0.0,
+                                                                        "rollout/sampled_tokens": 0})
+            if (cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == cfg.run.steps:
+                metrics.update(evaluate(pool, policy, config["eval_rows"], cfg, seed=-1 - done, pad_id=pad_id))
+            log.log(done, metrics)
+            log.print_step(done, metrics)
+        if (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0) or done == cfg.run.steps:
+            save_checkpoint(policy, tokenizer, {"step": done, "samples": samples}, rank, _scalars(metrics))
+        else:
+            ray.train.report(_scalars(metrics))
+    if rank == 0:
+        log.close()
+        if cfg.run.plot and log.path.exists():
+            plot_curves(log.path, cfg.run_dir / "reward_curve.png")
+
+
+def _phase_times(stats: dict, rollout: float, learn: float, sync: float, total: float) -> dict[str, float]:
+    return {
+        "time/step_s": total,
+        "time/rollout_s": rollout,
+        "time/generate_s": stats.get("generate_s", 0.0),
+        "time/env_s": stats.get("env_s", 0.0),
+        "time/reward_s": stats.get("reward_s", 0.0),
+        "time/learner_s": learn,
+        "time/sync_s": sync,
+    }
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}

@@ -1,0 +1,182 @@
+"""The trainable policy inside one Ray Train worker: model, optional LoRA, DDP or DeepSpeed, optimizer.
+
+The only module that imports DeepSpeed. `Policy` hides the wrapper behind five verbs the loop needs:
+`logits`, `backward`, `step`, `named_tensors_for_sync` and `save`/`load`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl_ray.config import LearnerConfig, ModelConfig
+
+TRAINER_STATE = "trainer_state.pt"
+
+
+class Policy:
+    def __init__(self, model_path: str, model_cfg: ModelConfig, cfg: LearnerConfig, *, need_reference: bool) -> None:
+        import ray.train.torch
+        from transformers import AutoModelForCausalLM
+
+        self.cfg = cfg
+        self.device = ray.train.torch.get_device() if cfg.use_gpu else torch.device("cpu")
+        self.world_size = ray.train.get_context().get_world_size()
+        # Master weights stay float32 on CPU; on GPU DeepSpeed's bf16 mode keeps fp32 masters itself.
+        load_dtype = torch.float32 if not cfg.use_gpu else getattr(torch, model_cfg.dtype)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype)
+        self.reference = None
+        if cfg.lora.enabled:
+            from peft import LoraConfig, get_peft_model
+
+            lora = cfg.lora
+            model = get_peft_model(
+                model,
+                LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                           target_modules=lora.target_modules, task_type="CAUSAL_LM"),
+            )
+            self.lora_scaling = lora.alpha / lora.r
+        else:
+            self.lora_scaling = None
+            if need_reference:
+                # Full fine-tuning: the KL reference is a frozen copy. (LoRA disables the adapter instead.)
+                self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype).to(self.device)
+                self.reference.eval().requires_grad_(False)
+        self.module = model.to(self.device)
+        self.module.config.use_cache = False
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if cfg.backend == "deepspeed":
+            self._init_deepspeed(params)
+        else:
+            self._init_ddp(params)
+
+    def _init_ddp(self, params: list[torch.nn.Parameter]) -> None:
+        self.optimizer = torch.optim.AdamW(
+            params, lr=self.cfg.lr, betas=tuple(self.cfg.betas), weight_decay=self.cfg.weight_decay
+        )
+        self.engine = None
+        if self.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.wrapped = DistributedDataParallel(
+                self.module, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+        else:
+            self.wrapped = self.module
+
+    def _init_deepspeed(self, params: list[torch.nn.Parameter]) -> None:
+        import deepspeed
+
+        ds_config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
+            "gradient_accumulation_steps": 1,  # accumulation is driven by hand (see backward)
+            "gradient_clipping": self.cfg.max_grad_norm,
+            "zero_optimization": {"stage": self.cfg.zero_stage},
+            "optimizer": {
+                "type": "AdamW",
+                "params": {"lr": self.cfg.lr, "betas": list(self.cfg.betas), "weight_decay": self.cfg.weight_decay},
+            },
+            "bf16": {"enabled": self.cfg.use_gpu},
+            "steps_per_print": 10**9,
+        }
+        if not self.cfg.use_gpu:
+            ds_config["zero_optimization"]["stage"] = min(self.cfg.zero_stage, 2)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=self.module, model_parameters=params, config=ds_config
+        )
+        self.wrapped = self.engine
+
+    # ---------------------------------------------------------------- compute
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.wrapped(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
+
+    @torch.no_grad()
+    def reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.reference is not None:
+            return self.reference(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        with self.module.disable_adapter():
+            return self.module(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    def grad_sync_context(self, sync: bool):
+        """DDP all-reduces only on the last micro-batch of a step."""
+        if sync or self.engine is not None or self.wrapped is self.module:
+            return contextlib.nullcontext()
+        return self.wrapped.no_sync()
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        if self.engine is not None:
+            self.engine.set_gradient_accumulation_boundary(last)
+            self.engine.backward(loss)
+        else:
+            loss.backward()
+
+    def step(self, lr: float) -> float:
+        """Optimizer step with clipping; returns the global gradient norm."""
+        if self.engine is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.engine.step()
+            return float(self.engine.get_global_grad_norm() or 0.0)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    # ---------------------------------------------------------------- weights
+
+    def named_tensors_for_sync(self) -> list[tuple[str, torch.Tensor]]:
+        """Hugging Face parameter names (what vLLM's loader expects); LoRA: only the A/B tensors."""
+        if self.lora_scaling is not None:
+            out = []
+            for name, p in self.module.named_parameters():
+                if "lora_A" in name or "lora_B" in name:
+                    # base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight
+                    #   → model.layers.0.self_attn.q_proj.lora_A
+                    base = name.removeprefix("base_model.model.").replace(".default.weight", "")
+                    out.append((base, p.detach().cpu()))
+            return out
+        return [(n, t.detach().cpu()) for n, t in self.module.state_dict().items()]
+
+    def save(self, path: Path, extra_state: dict[str, Any], tokenizer) -> None:
+        """HF-format model (or LoRA adapter) + tokenizer + optimizer/trainer state, into `path`."""
+        path.mkdir(parents=True, exist_ok=True)
+        if self.engine is not None:
+            self.engine.save_checkpoint(str(path / "deepspeed"), tag="latest")
+        if extra_state.get("rank", 0) != 0:
+            return
+        self.module.save_pretrained(path / ("adapter" if self.lora_scaling is not None else "model"))
+        tokenizer.save_pretrained(path / ("adapter" if self.lora_scaling is not None else "model"))
+        state = dict(extra_state)
+        if self.engine is None:
+            state["optimizer"] = self.optimizer.state_dict()
+        torch.save(state, path / TRAINER_STATE)
+
+    def load(self, path: Path) -> dict[str, Any]:
+        state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+        if self.lora_scaling is not None:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            set_peft_model_state_dict(self.module, load_file(str(path / "adapter" / "adapter_model.safetensors")))
+        else:
+            from safetensors.torch import load_file
+
+            weights = {}
+            for f in sorted((path / "model").glob("*.safetensors")):
+                weights.update(load_file(str(f)))
+            missing, unexpected = self.module.load_state_dict(weights, strict=False)
+            if unexpected or [m for m in missing if m != "lm_head.weight"]:
+                raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing}, unexpected "
+                                   f"{unexpected}")
+        if self.engine is not None:
+            self.engine.load_checkpoint(str(path / "deepspeed"), tag="latest", load_module_strict=False)
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        return state

@@ -1,0 +1,84 @@
+"""Run outputs on learner rank 0: a live line per step, metrics.jsonl, optional wandb, and the reward-curve PNG."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl_ray.config import RunConfig
+
+
+class MetricsLog:
+    def __init__(self, run_dir: Path, cfg: RunConfig, full_config: dict[str, Any], total_steps: int) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.total_steps = total_steps
+        self.start = time.time()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.wandb = None
+        if cfg.wandb:
+            import wandb
+
+            self.wandb = wandb.init(
+                project=cfg.wandb_project, name=cfg.name, config=full_config, mode=cfg.wandb_mode,
+                dir=str(run_dir), resume="allow", id=f"{cfg.name}-{int(self.start)}",
+            )
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, drop records of steps after the checkpoint (they will be redone)."""
+        if not self.path.exists():
+            return
+        keep = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln).get("step", 0) <= step]
+        self.path.write_text("".join(ln + "\n" for ln in keep))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, "time": round(time.time() - self.start, 2), **metrics}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+
+    def print_step(self, step: int, m: dict[str, Any]) -> None:
+        line = (
+            f"step {step:>4}/{self.total_steps} | reward {m['reward/mean']:.3f} | success {m['rollout/success']:.2f} "
+            f"| tokens {m['rollout/sampled_tokens']:>6} | time {m['time/step_s']:.1f}s "
+            f"(rollout {m['time/rollout_s']:.1f} env {m['time/env_s']:.1f} learner {m['time/learner_s']:.1f} "
+            f"sync {m['time/sync_s']:.2f})"
+        )
+        if "eval/success" in m:
+            line += f" | eval success {m['eval/success']:.3f}"
+        print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def plot_curves(metrics_path: Path, out_path: Path) -> Path | None:
+    """Training reward and held-out success against samples seen."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(ln) for ln in metrics_path.read_text().splitlines() if ln.strip()]
+    train = [r for r in records if "reward/mean" in r]
+    evals = [r for r in records if "eval/success" in r]
+    if not train and not evals:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot([r["samples"] for r in train], [r["reward/mean"] for r in train], label="train reward (mean)")
+    if evals:
+        ax.plot([r["samples"] for r in evals], [r["eval/success"] for r in evals], "o-", label="held-out success")
+    ax.set_xlabel("trajectories sampled")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(metrics_path.parent.name)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=120)
+    plt.close(fig)
+    return out_path
