@@ -1,0 +1,46 @@
+# Two set-up commands (see README): `make run` trains the default agent end to end, `make test` runs the tests.
+# Both create .venv and install what is missing first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CONFIG ?= examples/calculator/config.yaml
+ARGS ?=
+
+.PHONY: install run test test-fast lint gpu-install bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first, pinned: the CPU build; an unpinned torch would pull the multi-GB CUDA build.
+	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e ".[cpu,dev]"
+	# vLLM's dependencies bring CUDA builds of torchvision/torchaudio/torchcodec, which break transformers on
+	# a CPU torch ("operator torchvision::nms does not exist"); nothing here uses them.
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	touch $@
+
+run: install
+	$(BIN)/agentrl-ray train $(CONFIG) $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest tests -v --timeout 1200
+
+test-fast: install
+	$(BIN)/python -m pytest tests/unit -q
+
+lint: install
+	$(BIN)/ruff check agentrl_ray tests examples benchmarks
+	$(BIN)/ruff format --check agentrl_ray tests examples benchmarks
+
+gpu-install:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -e ".[gpu,dev]"
+	touch $(VENV)/.installed
+
+bench: install
+	$(BIN)/python benchmarks/throughput.py
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache

@@ -1,0 +1,84 @@
+"""Config: layering, dotted overrides, clear errors at parse time, and every shipped config parses."""
+
+from pathlib import Path
+
+import pytest
+
+from agentrl_ray.config import ConfigError, load_config, parse_overrides
+from agentrl_ray.profiles import Hardware, profile_preset, resolve_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted(ROOT.glob("examples/**/*.yaml"))
+
+
+def test_some_configs_are_shipped():
+    assert any(p.parent.name == "calculator" for p in SHIPPED)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shipped_config_parses(path):
+    cfg = load_config(path, ["profile=cpu"])
+    assert cfg.profile == "cpu"
+    assert cfg.rollout.group_size >= 2
+
+
+def test_overrides_win_over_yaml_and_profile(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("learner:\n  lr: 0.5\nrollout:\n  group_size: 4\n")
+    cfg = load_config(f, ["learner.lr=1e-6", "profile=lora", "learner.lora.r=4"])
+    assert cfg.learner.lr == 1e-6
+    assert cfg.rollout.group_size == 4
+    assert cfg.learner.lora.enabled  # from the lora profile preset
+    assert cfg.learner.lora.r == 4
+
+
+def test_override_values_are_typed():
+    assert parse_overrides(["a.b=3", "a.c=true", "d=[1, 2]", "e=text"]) == {
+        "a": {"b": 3, "c": True}, "d": [1, 2], "e": "text"
+    }
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["learner.lrr=1"], "unknown config key(s): learner.lrr"),
+        (["nonsense=1"], "unknown config key(s): nonsense"),
+        (["rollout.group_size=one"], "rollout.group_size: expected an integer"),
+        (["rollout.group_size=1"], "group_size must be at least 2"),
+        (["algorithm.loss_aggregation=mean"], "algorithm.loss_aggregation: 'mean' is not one of"),
+        (["reward.weights=[1, 2]"], "give one weight per function"),
+        (["algorithm.world_model_only=true"], "world_model_coeff > 0"),
+        (["learner.lora.enabled=true", "sync.transport=collective"], "adapter-only"),
+        (["rollout.max_total_tokens=10", "rollout.max_tokens_per_turn=48"], "must exceed"),
+        (["profile=tpu"], "profile: 'tpu' is not one of"),
+        (["learner.lr"], "not of the form"),
+        (["env.name=calculator"], "import path"),
+    ],
+)
+def test_bad_configs_fail_with_a_clear_message(overrides, message):
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(None, ["profile=cpu", *overrides] if not overrides[0].startswith("profile") else overrides)
+    assert message in str(info.value)
+
+
+def test_missing_or_malformed_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("learner: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_profiles_from_hardware():
+    laptop = Hardware(cpus=2, ram_gib=24, gpus=0)
+    ryzen = Hardware(cpus=16, ram_gib=64, gpus=0)
+    gpu_box = Hardware(cpus=32, ram_gib=256, gpus=4)
+    assert resolve_profile("auto", laptop) == "cpu"
+    assert resolve_profile("auto", gpu_box) == "gpu"
+    assert resolve_profile("lora", gpu_box) == "lora"
+    assert "rollout" not in profile_preset("cpu", laptop)
+    assert profile_preset("cpu", ryzen)["rollout"]["num_workers"] == 2
+    gpu = profile_preset("gpu", gpu_box)
+    assert gpu["learner"]["backend"] == "deepspeed" and gpu["learner"]["num_workers"] == 2
+    assert gpu["rollout"]["num_workers"] == 2 and gpu["sync"]["transport"] == "collective"
