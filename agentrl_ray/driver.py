@@ -47,7 +47,7 @@ def init_ray(cfg: Config) -> None:
 
     if ray.is_initialized():
         return
-    env_vars = {"TOKENIZERS_PARALLELISM": "false", "RAY_TRAIN_V2_ENABLED": "1"}
+    env_vars = {"TOKENIZERS_PARALLELISM": "false"}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
     else:
