@@ -24,8 +24,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in (("train", "run training end to end"), ("config", "print the resolved config")):
         s = sub.add_parser(name, help=help_text)
-        s.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value",
-                       help="an optional YAML config file, then dotted overrides such as learner.lr=1e-5")
+        s.add_argument(
+            "args",
+            nargs="*",
+            metavar="CONFIG.yaml | key=value",
+            help="an optional YAML config file, then dotted overrides such as learner.lr=1e-5",
+        )
     sub.add_parser("build-model", help="build and cache the built-in default model")
     return p
 

@@ -91,9 +91,9 @@ class AlgorithmConfig:
     epsilon_high: float = 0.2
     importance_sampling_level: Literal["token", "sequence"] = "token"
     num_iterations: int = 1
-    loss_aggregation: Literal[
-        "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"
-    ] = "token_mean"
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = (
+        "token_mean"
+    )
     # Constant for seq_mean_token_sum_norm; 0 means rollout.max_total_tokens.
     loss_norm_constant: int = 0
     # KL to the reference policy.
@@ -112,9 +112,7 @@ class AlgorithmConfig:
     world_model_schedule: Literal["constant", "linear", "step"] = "constant"
     world_model_final_coeff: float = 0.0
     world_model_decay_steps: int = 0
-    world_loss_normalization: Literal["selected_tokens", "sequence_mean", "seq_mean_token_sum_norm"] = (
-        "selected_tokens"
-    )
+    world_loss_normalization: Literal["selected_tokens", "sequence_mean", "seq_mean_token_sum_norm"] = "selected_tokens"
     world_model_only: bool = False
 
 

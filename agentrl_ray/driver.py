@@ -25,8 +25,10 @@ def resolve_model(path: str) -> str:
         return str(ensure_builtin_model())
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
-        raise ConfigError(f"model.path {path!r} is not a Hugging Face model folder (no config.json); "
-                          "use builtin:tiny or a local folder made by save_pretrained")
+        raise ConfigError(
+            f"model.path {path!r} is not a Hugging Face model folder (no config.json); "
+            "use builtin:tiny or a local folder made by save_pretrained"
+        )
     return str(folder.resolve())
 
 
@@ -34,8 +36,10 @@ def check_run_dir(cfg: Config) -> None:
     """Never silently overwrite or silently restart a run: resume must be asked for, and possible."""
     has_checkpoint = (cfg.run_dir / SNAPSHOT).exists()
     if has_checkpoint and not cfg.run.resume:
-        raise ConfigError(f"{cfg.run_dir} already holds checkpoints of a run named {cfg.run.name!r}: pass "
-                          "run.resume=true to continue it, or choose another run.name")
+        raise ConfigError(
+            f"{cfg.run_dir} already holds checkpoints of a run named {cfg.run.name!r}: pass "
+            "run.resume=true to continue it, or choose another run.name"
+        )
     if cfg.run.resume and not has_checkpoint:
         raise ConfigError(f"run.resume=true but {cfg.run_dir} holds no checkpoint to resume from")
     if not cfg.run.resume and (cfg.run_dir / "metrics.jsonl").exists():
@@ -52,12 +56,17 @@ def init_ray(cfg: Config) -> None:
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
     else:
         ray.init(include_dashboard=False, runtime_env={"env_vars": env_vars}, log_to_driver=True)
-    need = (cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker + cfg.env.num_actors * cfg.env.num_cpus_per_actor
-            + cfg.learner.num_workers * cfg.learner.num_cpus_per_worker)
+    need = (
+        cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker
+        + cfg.env.num_actors * cfg.env.num_cpus_per_actor
+        + cfg.learner.num_workers * cfg.learner.num_cpus_per_worker
+    )
     have = ray.cluster_resources().get("CPU", 0)
     if need > have:
-        raise ConfigError(f"the config asks for {need:g} CPUs (rollout + env + learner actors) but the Ray cluster "
-                          f"has {have:g}: lower rollout.num_cpus_per_worker / learner.num_cpus_per_worker or add nodes")
+        raise ConfigError(
+            f"the config asks for {need:g} CPUs (rollout + env + learner actors) but the Ray cluster "
+            f"has {have:g}: lower rollout.num_cpus_per_worker / learner.num_cpus_per_worker or add nodes"
+        )
 
 
 def train(cfg: Config) -> dict[str, Any]:
@@ -84,12 +93,16 @@ def train(cfg: Config) -> dict[str, Any]:
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={
-                "config": cfg, "pool": pool, "model_path": model_path,
-                "train_rows": train_rows, "eval_rows": eval_rows,
+                "config": cfg,
+                "pool": pool,
+                "model_path": model_path,
+                "train_rows": train_rows,
+                "eval_rows": eval_rows,
             },
             torch_config=TorchConfig(backend="nccl" if lc.use_gpu else "gloo"),
             scaling_config=ray.train.ScalingConfig(
-                num_workers=lc.num_workers, use_gpu=lc.use_gpu,
+                num_workers=lc.num_workers,
+                use_gpu=lc.use_gpu,
                 resources_per_worker={"CPU": lc.num_cpus_per_worker, **({"GPU": 1} if lc.use_gpu else {})},
             ),
             run_config=ray.train.RunConfig(
@@ -104,7 +117,10 @@ def train(cfg: Config) -> dict[str, Any]:
     if result.error is not None:
         raise result.error
     metrics = dict(result.metrics or {})
-    summary = {"run_dir": str(cfg.run_dir), "checkpoint": result.checkpoint.path if result.checkpoint else None,
-               **{k: v for k, v in metrics.items() if k.startswith("eval/")}}
+    summary = {
+        "run_dir": str(cfg.run_dir),
+        "checkpoint": result.checkpoint.path if result.checkpoint else None,
+        **{k: v for k, v in metrics.items() if k.startswith("eval/")},
+    }
     (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return metrics

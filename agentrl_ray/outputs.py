@@ -22,8 +22,13 @@ class MetricsLog:
             import wandb
 
             self.wandb = wandb.init(
-                project=cfg.wandb_project, name=cfg.name, config=full_config, mode=cfg.wandb_mode,
-                dir=str(run_dir), resume="allow", id=f"{cfg.name}-{int(self.start)}",
+                project=cfg.wandb_project,
+                name=cfg.name,
+                config=full_config,
+                mode=cfg.wandb_mode,
+                dir=str(run_dir),
+                resume="allow",
+                id=f"{cfg.name}-{int(self.start)}",
             )
 
     def truncate_after(self, step: int) -> None:

@@ -40,8 +40,10 @@ class Trajectory:
         n = len(self.token_ids)
         for name in ("action_mask", "env_mask", "template_mask", "rollout_logprobs"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"Trajectory {self.prompt_id}/{self.sample_index}: {name} has length "
-                                 f"{len(getattr(self, name))}, token_ids has {n}")
+                raise ValueError(
+                    f"Trajectory {self.prompt_id}/{self.sample_index}: {name} has length "
+                    f"{len(getattr(self, name))}, token_ids has {n}"
+                )
         for i, (a, e, t) in enumerate(zip(self.action_mask, self.env_mask, self.template_mask)):
             if a + e + t > 1:
                 raise ValueError(f"Trajectory {self.prompt_id}/{self.sample_index}: token {i} is in two roles")

@@ -56,9 +56,20 @@ def main() -> None:
     run_dir = args.run_dir
     if run_dir is None:
         out = ROOT / "runs" / "bench"
-        cmd = [sys.executable, "-m", "agentrl_ray", "train", args.config, f"run.steps={args.steps}",
-               "run.name=throughput", f"run.output_dir={out}", "run.eval_every=0", "run.eval_at_start=false",
-               "run.checkpoint_every=0", *args.overrides]
+        cmd = [
+            sys.executable,
+            "-m",
+            "agentrl_ray",
+            "train",
+            args.config,
+            f"run.steps={args.steps}",
+            "run.name=throughput",
+            f"run.output_dir={out}",
+            "run.eval_every=0",
+            "run.eval_at_start=false",
+            "run.checkpoint_every=0",
+            *args.overrides,
+        ]
         if (out / "throughput").exists():
             import shutil
 
@@ -68,8 +79,10 @@ def main() -> None:
     result = summarize(run_dir)
     print(f"samples/s        {result['samples_per_s']:.2f}")
     print(f"sampled tokens/s {result['sampled_tokens_per_s']:.1f}")
-    print(f"step             {result['step_s']:.2f} s (± {result['step_s_stdev']:.2f}), first step "
-          f"{result['first_step_s']:.2f} s")
+    print(
+        f"step             {result['step_s']:.2f} s (± {result['step_s_stdev']:.2f}), first step "
+        f"{result['first_step_s']:.2f} s"
+    )
     for k, v in result["phase_s"].items():
         print(f"  {k:<12} {v:7.2f} s  {100 * result['phase_fraction'][k]:5.1f}%")
     dest = ROOT / "docs" / "benchmarks" / f"throughput-{run_dir.name}.json"

@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 
 from agentrl_ray.config import Config
-from agentrl_ray.outputs import MetricsLog, plot_curves
 from agentrl_ray.learner.batching import build_batch, loss_norm, micro_batches, shard
 from agentrl_ray.learner.policy import TRAINER_STATE, Policy
+from agentrl_ray.outputs import MetricsLog, plot_curves
 from agentrl_ray.types import TrajectoryGroup
 
 
@@ -81,9 +81,9 @@ def _keep_varied(groups: list[TrajectoryGroup], keep_fn) -> list[TrajectoryGroup
 
 def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int, pad_id: int) -> dict[str, float]:
     """Advantages → loss → backward over micro-batches → optimizer step(s); returns averaged metrics."""
-    from agentrl_ray.algorithms import compute_loss, token_logprobs_and_entropy, world_model_coeff_at
-
     import ray.train
+
+    from agentrl_ray.algorithms import compute_loss, token_logprobs_and_entropy, world_model_coeff_at
 
     rank, world = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
     a, lc = cfg.algorithm, cfg.learner
@@ -96,12 +96,16 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
     old = [mb.rollout_logprobs for mb, _ in mbs]
     if a.tis_cap > 0:  # PPO ratio against the learner's own recomputation; TIS weights the rollout mismatch
         with torch.no_grad():
-            old = [token_logprobs_and_entropy(policy.logits(mb.input_ids, mb.attention_mask), mb.input_ids, False)[0]
-                   for mb, _ in mbs]
+            old = [
+                token_logprobs_and_entropy(policy.logits(mb.input_ids, mb.attention_mask), mb.input_ids, False)[0]
+                for mb, _ in mbs
+            ]
     refs = [None] * len(mbs)
     if a.beta > 0:
-        refs = [token_logprobs_and_entropy(policy.reference_logits(mb.input_ids, mb.attention_mask), mb.input_ids,
-                                           False)[0] for mb, _ in mbs]
+        refs = [
+            token_logprobs_and_entropy(policy.reference_logits(mb.input_ids, mb.attention_mask), mb.input_ids, False)[0]
+            for mb, _ in mbs
+        ]
     sums: dict[str, float] = {}
     lr = lc.lr * min(1.0, (step + 1) / lc.warmup_steps) if lc.warmup_steps else lc.lr
     for _ in range(a.num_iterations):
@@ -110,8 +114,9 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
             with policy.grad_sync_context(last):
                 logits = policy.logits(mb.input_ids, mb.attention_mask)  # (b, t, V)
                 logprobs, entropy = token_logprobs_and_entropy(logits, mb.input_ids)
-                loss, metrics = compute_loss(logprobs, entropy, mb, a, norm, old_logprobs=old[i], world_coeff=coeff,
-                                             ref_logprobs=refs[i])
+                loss, metrics = compute_loss(
+                    logprobs, entropy, mb, a, norm, old_logprobs=old[i], world_coeff=coeff, ref_logprobs=refs[i]
+                )
                 policy.backward(loss * weight, last)
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v * weight * len(mb)
@@ -185,7 +190,8 @@ def save_checkpoint(policy: Policy, tokenizer, state: dict[str, Any], rank: int,
     with tempfile.TemporaryDirectory() as tmp:
         policy.save(Path(tmp), {**state, "rank": rank}, tokenizer)
         ray.train.report(
-            metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+            metrics,
+            checkpoint=ray.train.Checkpoint.from_directory(tmp),
             checkpoint_dir_name=f"checkpoint_{state['step']:06d}",
         )
 
@@ -251,8 +257,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         samples += sum(len(g.trajectories) for g in groups)
         metrics.update(samples=samples, **_phase_times(stats, t_rollout, t_learn, t_sync, time.perf_counter() - t_step))
         if rank == 0:
-            metrics.update(rollout_metrics(groups, cfg) if groups else {"reward/mean": 0.0, "rollout/success": 0.0,
-                                                                        "rollout/sampled_tokens": 0})
+            metrics.update(
+                rollout_metrics(groups, cfg)
+                if groups
+                else {"reward/mean": 0.0, "rollout/success": 0.0, "rollout/sampled_tokens": 0}
+            )
             if (cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == cfg.run.steps:
                 metrics.update(evaluate(pool, policy, config["eval_rows"], cfg, seed=-1 - done, pad_id=pad_id))
             log.log(done, metrics)

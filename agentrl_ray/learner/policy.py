@@ -35,8 +35,13 @@ class Policy:
             lora = cfg.lora
             model = get_peft_model(
                 model,
-                LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                           target_modules=lora.target_modules, task_type="CAUSAL_LM"),
+                LoraConfig(
+                    r=lora.r,
+                    lora_alpha=lora.alpha,
+                    lora_dropout=lora.dropout,
+                    target_modules=lora.target_modules,
+                    task_type="CAUSAL_LM",
+                ),
             )
             self.lora_scaling = lora.alpha / lora.r
         else:
@@ -173,8 +178,9 @@ class Policy:
                 weights.update(load_file(str(f)))
             missing, unexpected = self.module.load_state_dict(weights, strict=False)
             if unexpected or [m for m in missing if m != "lm_head.weight"]:
-                raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing}, unexpected "
-                                   f"{unexpected}")
+                raise RuntimeError(
+                    f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}"
+                )
         if self.engine is not None:
             self.engine.load_checkpoint(str(path / "deepspeed"), tag="latest", load_module_strict=False)
         else:

@@ -88,9 +88,7 @@ class VLLMEngine:
             )
             for i, m in enumerate(max_tokens)
         ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
-        )
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         results = []
         for out in outputs:
             comp = out.outputs[0]

@@ -51,9 +51,7 @@ class RolloutPool:
         """Split the rows over the workers, gather the groups back in row order, sum the phase timings."""
         shards = [rows[i :: self.num_workers] for i in range(self.num_workers)]
         refs = [
-            w.rollout.remote(shard, group_size, temperature, seed)
-            for w, shard in zip(self.workers, shards)
-            if shard
+            w.rollout.remote(shard, group_size, temperature, seed) for w, shard in zip(self.workers, shards) if shard
         ]
         groups: list[TrajectoryGroup] = []
         timings: dict[str, float] = {}

@@ -85,7 +85,9 @@ class RolloutWorker:
                 timings=timings,
             )
             t0 = time.perf_counter()
-            env_rewards = await self._gather([e.env.env_reward.remote(e.key, e.messages[-1]["content"]) for e in episodes])
+            env_rewards = await self._gather(
+                [e.env.env_reward.remote(e.key, e.messages[-1]["content"]) for e in episodes]
+            )
             expanded = [row for row in rows for _ in range(group_size)]
             columns = {k: [r.get(k) for r in expanded] for k in expanded[0]}
             rewards, parts = score(
@@ -212,7 +214,5 @@ class RolloutWorker:
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
         """Deterministic generation for weight-sync checks: (token ids, logprobs) per prompt."""
-        gens = self.engine.generate(
-            prompts, [max_tokens] * len(prompts), temperature=0.0, top_p=1.0, stop_token_ids=[]
-        )
+        gens = self.engine.generate(prompts, [max_tokens] * len(prompts), temperature=0.0, top_p=1.0, stop_token_ids=[])
         return [(g.token_ids, g.logprobs) for g in gens]

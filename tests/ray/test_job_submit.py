@@ -29,9 +29,22 @@ def head_node(tmp_path, builtin_model_path):
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     env.pop("RAY_ADDRESS", None)
     subprocess.run(
-        [str(BIN / "ray"), "start", "--head", f"--port={gcs}", "--num-cpus=4", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dash}", "--disable-usage-stats", f"--temp-dir={tmp_path / 'ray'}"],
-        check=True, env=env, capture_output=True, text=True, timeout=180,
+        [
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            f"--port={gcs}",
+            "--num-cpus=4",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dash}",
+            "--disable-usage-stats",
+            f"--temp-dir={tmp_path / 'ray'}",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     try:
         yield f"http://127.0.0.1:{dash}", env
@@ -43,13 +56,28 @@ def test_ray_job_submit_runs_training(head_node, tmp_path):
     address, env = head_node
     out = tmp_path / "runs"
     cmd = [
-        str(BIN / "ray"), "job", "submit", "--address", address, "--",
-        str(BIN / "agentrl-ray"), "train", "examples/calculator/config.yaml", "profile=cpu",
-        "run.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2", "data.eval_size=4",
-        "run.eval_samples=1", "run.eval_at_start=false", f"run.output_dir={out}", "run.name=job",
+        str(BIN / "ray"),
+        "job",
+        "submit",
+        "--address",
+        address,
+        "--",
+        str(BIN / "agentrl-ray"),
+        "train",
+        "examples/calculator/config.yaml",
+        "profile=cpu",
+        "run.steps=1",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "data.eval_size=4",
+        "run.eval_samples=1",
+        "run.eval_at_start=false",
+        f"run.output_dir={out}",
+        "run.name=job",
     ]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900,
-                          cwd=Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=900, cwd=Path(__file__).resolve().parents[2]
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "succeeded" in (done.stdout + done.stderr)
     summary = json.loads((out / "job" / "summary.json").read_text())

@@ -39,9 +39,10 @@ def _train_a_little(model, seed: int) -> None:
 
 
 def _hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def _hf_logprobs(model, ids: list[int], positions: list[int]) -> list[float]:
@@ -53,8 +54,12 @@ def _hf_logprobs(model, ids: list[int], positions: list[int]) -> list[float]:
 @pytest.mark.parametrize("transport", ["object_store", "collective"])
 def test_sync_makes_engines_equal_to_learner(setup, transport):
     cfg, pool, tok, model = setup
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
-                                       return_dict=False) for q in ("What is 12 * 34?", "What is 905 - 17?")]
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for q in ("What is 12 * 34?", "What is 905 - 17?")
+    ]
     before = pool.greedy(prompts, 16)[0]
     _train_a_little(model, seed=0 if transport == "object_store" else 1)
     sync = ObjectStoreSync() if transport == "object_store" else CollectiveSync("cpu")

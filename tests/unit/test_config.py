@@ -34,7 +34,9 @@ def test_overrides_win_over_yaml_and_profile(tmp_path):
 
 def test_override_values_are_typed():
     assert parse_overrides(["a.b=3", "a.c=true", "d=[1, 2]", "e=text"]) == {
-        "a": {"b": 3, "c": True}, "d": [1, 2], "e": "text"
+        "a": {"b": 3, "c": True},
+        "d": [1, 2],
+        "e": "text",
     }
 
 
