@@ -60,6 +60,9 @@ class RolloutConfig:
     num_gpus_per_worker: float = 0.0
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = True
+    # CPU threads of the engine; 0 = every core of the node (rollout and learning alternate on-policy, so each
+    # phase may use the whole machine).
+    num_threads: int = 0
 
 
 @dataclass
@@ -140,7 +143,7 @@ class LearnerConfig:
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
     micro_batch_size: int = 32
-    torch_threads: int = 0  # 0: leave torch's default
+    torch_threads: int = 0  # 0 = every core of the node (see rollout.num_threads)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

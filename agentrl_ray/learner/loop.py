@@ -8,6 +8,7 @@ evaluate and checkpoint through `ray.train.report`.
 from __future__ import annotations
 
 import math
+import os
 import random
 import tempfile
 import time
@@ -218,8 +219,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     pool, model_path = config["pool"], config["model_path"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    if cfg.learner.torch_threads:
-        torch.set_num_threads(cfg.learner.torch_threads)
+    # Ray sets OMP_NUM_THREADS from num_cpus; on-policy, learning and rollout alternate, so use the node's cores.
+    torch.set_num_threads(cfg.learner.torch_threads or os.cpu_count() or 1)
     torch.manual_seed(cfg.run.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -8,6 +8,7 @@ payload scales with the adapter, not the model.
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 from typing import Any
@@ -34,6 +35,8 @@ class RolloutWorker:
         from agentrl_ray.rollout.engine import VLLMEngine, configure_vllm_env
 
         configure_vllm_env(kv_cache_gib=cfg.kv_cache_gib, use_gpu=cfg.num_gpus_per_worker > 0)
+        # Ray sets OMP_NUM_THREADS from num_cpus (often 1); vLLM CPU freezes the thread count at engine start.
+        torch.set_num_threads(cfg.num_threads or os.cpu_count() or 1)
         from transformers import AutoTokenizer
 
         from agentrl_ray.envs.base import load_env_class, tool_schemas
