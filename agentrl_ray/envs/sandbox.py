@@ -1,0 +1,414 @@
+"""Run model-written code in a child process with limits. Everything that executes model code goes through here.
+
+Threat model: the code is written by a policy under RL pressure. It is not a skilled attacker, but it will find and
+use whatever the environment lets it do (loop forever, fork, allocate, flood stdout, read secrets, write where the
+reward is computed, talk to the network, meddle with a sibling rollout). The sandbox contains those; it is NOT a
+security boundary against a determined attacker with a kernel exploit.
+
+How each run is built (`python -I` for code, or any argv), as measured on our 2-core Linux 6.x workers:
+- Its own process group (`start_new_session`). The wall-clock limit is enforced from the parent by
+  `os.killpg(SIGKILL)`, never `signal.alarm` (which misbehaves inside Ray actors).
+- rlimits set by util-linux `prlimit` right before the exec: RLIMIT_CPU (SIGXCPU at the limit, SIGKILL a second
+  later), RLIMIT_AS (allocations fail: Python raises MemoryError), RLIMIT_NPROC, RLIMIT_NOFILE, RLIMIT_FSIZE,
+  RLIMIT_CORE=0. No `preexec_fn`: it is unsafe in a threaded parent, and env actors run sandboxes from threads.
+- As root (our workers): the child runs under its own unprivileged uid, one per concurrent sandbox
+  (`SANDBOX_UID_BASE` + a slot held with `flock`, valid across processes), via `setpriv`, with no supplementary
+  groups, no capabilities (bounding set emptied) and no_new_privs (setuid binaries gain nothing). Consequences:
+  * RLIMIT_NPROC works. The kernel does not enforce it for uid 0 (a fork bomb under root is not stopped by it),
+    and it counts every process and thread of a uid, so a shared uid (e.g. `nobody`) would let sandboxes starve
+    each other. With one uid per sandbox the count is exactly that sandbox's processes.
+  * It cannot write the host's files: only its private working directory (mode 0700, owned by its uid, removed
+    after the run) and world-writable places such as /tmp, /var/tmp and /dev/shm.
+  * Sandboxes cannot signal, ptrace or read `/proc/<pid>/environ` of each other or of the trainer.
+  * Processes that escape the process group (`setsid`, daemons) are still found by uid and killed when the run ends.
+- As non-root: the uid cannot change, so the child runs as the calling user and CAN write that user's files. It
+  runs in a user namespace (`unshare --user --map-root-user`), where RLIMIT_NPROC counts only the namespace's
+  processes (measured: without the namespace it counts all of the user's processes). Escaped processes are not
+  reaped. A warning is logged once per process.
+- No network: a fresh network namespace (`unshare --net`, plus `--user --map-root-user` when not root) with only a
+  downed loopback, so even 127.0.0.1 (Ray, the dashboard, vLLM servers) is unreachable (ENETUNREACH). Where no
+  namespace can be created the run goes ahead WITH the host's network, logs a warning, and reports
+  `network_isolated=False`; `SandboxLimits(require_network_isolation=True)` refuses to run instead.
+- A scrubbed environment (PATH, HOME=TMPDIR=workdir, LANG, PYTHONDONTWRITEBYTECODE): no secrets from the parent.
+- stdout/stderr are read as they come; each keeps its first `max_output_bytes`, the rest is drained and dropped.
+
+What is NOT isolated:
+- Same kernel: a kernel bug is an escape. No seccomp filter; every syscall is available.
+- The filesystem is readable wherever "others" may read: the code, the venv, /etc, and /proc (the command lines of
+  every process). Keep secrets in files that are not world-readable (here /root is 0700).
+- /tmp, /var/tmp and /dev/shm are shared and writable; a later run that draws the same uid can read what an
+  earlier one left there. Disk use is bounded per file (RLIMIT_FSIZE), not in total.
+- Memory is bounded per process (RLIMIT_AS) times the process limit, not in aggregate (no cgroup is used, although
+  the cgroup v1 pids and memory controllers are mounted and writable on our workers). CPU time is bounded per
+  process; concurrent sandboxes compete for cores with the trainer.
+- The interpreter must be reachable by the sandbox uid. `sys.executable` of our venv lives under /root (0700), so
+  as root the sandbox runs the first `python3` on `SANDBOX_PATH` (stdlib only); see `sandbox_python`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import logging
+import os
+import random
+import re
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+SANDBOX_UID_BASE = 2_000_000_000  # far above login users and the usual subuid ranges; below 2**31
+SANDBOX_UID_SLOTS = 4096
+_SLOT_DIR = Path("/run/agentrl_ray-sandbox")  # /run is root-only: a sandbox cannot plant this directory
+_READ_CHUNK = 1 << 16
+_DRAIN_AFTER_KILL_S = 1.0
+
+
+@dataclass
+class SandboxLimits:
+    wall_time_s: float = 10.0
+    cpu_time_s: int = 10
+    memory_mb: int = 512  # address space per process
+    max_processes: int = 32  # processes and threads together
+    max_open_files: int = 64
+    max_file_size_mb: int = 16
+    max_output_bytes: int = 16_384  # per stream
+    network: bool = False
+    require_network_isolation: bool = False  # refuse to run (rather than warn) when no network namespace is possible
+
+
+@dataclass
+class SandboxResult:
+    stdout: str
+    stderr: str
+    exit_code: int | None  # negative: killed by that signal; None: never ran
+    timed_out: bool
+    truncated: bool
+    error: str | None  # why the run was killed or refused, for humans and for the model
+    duration_s: float
+    network_isolated: bool = True
+
+    def observation(self) -> str:
+        """What the model sees: the output, then what went wrong."""
+        parts = [self.stdout.rstrip("\n")] if self.stdout else []
+        if self.stderr:
+            parts.append("[stderr]\n" + self.stderr.rstrip("\n"))
+        if self.truncated:
+            parts.append("[output truncated]")
+        if self.error:
+            parts.append(f"[error] {self.error}")
+        elif self.exit_code:
+            parts.append(f"[exit code {self.exit_code}]")
+        return "\n".join(parts) or "[no output]"
+
+
+def run_python(
+    code: str,
+    *,
+    stdin: str = "",
+    limits: SandboxLimits = SandboxLimits(),
+    files: dict[str, str] | None = None,
+    python: str | None = None,
+) -> SandboxResult:
+    """Run `code` as `main.py` in a fresh sandbox with `python -I` (isolated mode: PYTHON* variables, the user site
+    and the script's directory are ignored; helper modules passed in `files` need `sys.path.insert(0, ".")`)."""
+    files = dict(files or {})
+    if "main.py" in files:
+        raise ValueError("files may not contain 'main.py': it holds the code")
+    files["main.py"] = code
+    return run_command([python or sandbox_python(), "-I", "main.py"], stdin=stdin, limits=limits, files=files)
+
+
+def run_command(
+    argv: list[str], *, stdin: str = "", limits: SandboxLimits = SandboxLimits(), files: dict[str, str] | None = None
+) -> SandboxResult:
+    """Run `argv` in a fresh sandbox whose working directory holds `files` (relative path -> text)."""
+    start = time.monotonic()
+    isolate_net = not limits.network
+    if isolate_net and not network_isolation_available():
+        reason = f"network isolation unavailable: {_namespace_probe(tuple(_namespace_args(False)))}"
+        if limits.require_network_isolation:
+            return SandboxResult("", "", None, False, False, reason + " (refused to run)", 0.0, False)
+        _warn_once(reason + "; sandboxed code runs WITH the host's network")
+        isolate_net = False
+    if os.geteuid() != 0:
+        _warn_once("not root: sandboxed code runs as this user and can write this user's files")
+    with _sandbox_uid() as uid, _workdir(files or {}, uid) as workdir, tempfile.TemporaryFile() as stdin_file:
+        stdin_file.write(stdin.encode())
+        stdin_file.seek(0)
+        proc = subprocess.Popen(
+            _wrap(argv, limits, uid, isolate_net),
+            cwd=workdir,
+            env=_child_env(workdir),
+            stdin=stdin_file,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            out, err, truncated, timed_out = _collect(proc, limits, uid)
+        except BaseException:
+            _kill_all(proc, uid)
+            raise
+        finally:
+            proc.stdout.close()
+            proc.stderr.close()
+            exit_code = proc.wait()
+    stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
+    error = _explain(exit_code, stderr, timed_out, limits)
+    return SandboxResult(stdout, stderr, exit_code, timed_out, truncated, error, time.monotonic() - start, isolate_net)
+
+
+def network_isolation_available() -> bool:
+    """Whether this process can give a sandbox its own network namespace (probed once)."""
+    return _namespace_probe(tuple(_namespace_args(False))) is None
+
+
+@functools.cache
+def sandbox_python() -> str:
+    """The interpreter sandboxes run: `sys.executable` when the sandbox uid can reach it, else `python3` on
+    `SANDBOX_PATH` (which lacks this environment's packages; a warning says so)."""
+    if os.geteuid() != 0 or (_world_reachable(sys.executable) and _world_reachable(sys.base_prefix)):
+        return sys.executable
+    fallback = shutil.which("python3", path=SANDBOX_PATH)
+    if fallback is None:
+        raise RuntimeError(f"no python3 on {SANDBOX_PATH} and {sys.executable} is not reachable by other users")
+    logger.warning(
+        "sandbox: %s is not reachable by the unprivileged sandbox uid (a parent directory lacks o+x); sandboxed "
+        "Python runs %s instead, without this environment's packages",
+        sys.executable,
+        fallback,
+    )
+    return fallback
+
+
+# ---------------------------------------------------------------- building the child
+
+
+def _namespace_args(network: bool) -> list[str]:
+    args = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return args if network else [*args, "--net"]
+
+
+@functools.cache
+def _namespace_probe(args: tuple[str, ...]) -> str | None:
+    """None when `unshare ARGS true` works here, else why not."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return "util-linux `unshare` not found"
+    done = subprocess.run([unshare, *args, "--", "true"], capture_output=True, text=True)
+    return None if done.returncode == 0 else f"`unshare {' '.join(args)}` failed: {done.stderr.strip()}"
+
+
+def _wrap(argv: list[str], limits: SandboxLimits, uid: int | None, isolate_net: bool) -> list[str]:
+    """unshare (namespaces) -> setpriv (uid drop, as root) -> prlimit (rlimits) -> argv. Each one execs the next,
+    so the pid the parent holds is the sandboxed program itself."""
+    cmd: list[str] = []
+    ns = _namespace_args(network=not isolate_net)
+    in_namespace = bool(ns) and _namespace_probe(tuple(ns)) is None
+    if in_namespace:
+        cmd += [shutil.which("unshare"), *ns, "--"]
+    if uid is not None:
+        cmd += [_require("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        cmd += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+    mb = 1 << 20
+    cmd += [_require("prlimit"), f"--cpu={limits.cpu_time_s}:{limits.cpu_time_s + 1}", f"--as={limits.memory_mb * mb}"]
+    cmd += [f"--nofile={limits.max_open_files}", f"--fsize={limits.max_file_size_mb * mb}", "--core=0"]
+    # RLIMIT_NPROC counts a uid's processes: ours alone under a leased uid (root) or inside a user namespace.
+    if uid is not None or in_namespace:
+        cmd.append(f"--nproc={limits.max_processes}")
+    else:
+        _warn_once(f"no user namespace ({_namespace_probe(tuple(ns))}): the process limit is not enforced")
+    return [*cmd, "--", *argv]
+
+
+def _child_env(workdir: str) -> dict[str, str]:
+    return {"PATH": SANDBOX_PATH, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+@contextmanager
+def _workdir(files: dict[str, str], uid: int | None) -> Iterator[str]:
+    """A private directory holding `files`, owned by the sandbox uid, removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="agentrl-sandbox-"))
+    try:
+        for name, text in files.items():
+            rel = Path(name)
+            if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+                raise ValueError(f"sandbox file names must be relative paths inside the sandbox, got {name!r}")
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        if uid is not None:
+            for path in [root, *root.rglob("*")]:
+                os.chown(path, uid, uid)
+        yield str(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _require(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise RuntimeError(f"the sandbox needs util-linux `{tool}`, which is not on PATH")
+    return path
+
+
+# ---------------------------------------------------------------- running it
+
+
+def _collect(proc: subprocess.Popen, limits: SandboxLimits, uid: int | None) -> tuple[bytes, bytes, bool, bool]:
+    """Read both pipes, keeping the first `max_output_bytes` of each, until the run is over: the main process has
+    exited (its leftovers are then killed) or the wall-clock deadline passed (everything is killed). On return
+    nothing of the run is alive."""
+    kept = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    truncated = timed_out = exited = False
+    poller = select.poll()
+    for fd in kept:
+        poller.register(fd, select.POLLIN)
+    pidfd = os.pidfd_open(proc.pid)
+    poller.register(pidfd, select.POLLIN)
+    open_fds = set(kept)
+    deadline = time.monotonic() + limits.wall_time_s
+    try:
+        while open_fds or not exited:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if exited or timed_out:
+                    break  # a pipe is held by something we cannot reach (non-root escapee)
+                timed_out = exited = True
+                _kill_all(proc, uid)
+                poller.unregister(pidfd)
+                deadline = time.monotonic() + _DRAIN_AFTER_KILL_S  # read what is left in the pipes
+                continue
+            for fd, _ in poller.poll(remaining * 1000):
+                if fd == pidfd:
+                    exited = True
+                    poller.unregister(pidfd)
+                    _kill_all(proc, uid)  # the main process is gone, so is the run
+                    continue
+                chunk = os.read(fd, _READ_CHUNK)
+                if not chunk:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    continue
+                room = limits.max_output_bytes - len(kept[fd])
+                kept[fd] += chunk[: max(room, 0)]
+                truncated |= len(chunk) > room
+    finally:
+        os.close(pidfd)
+    return bytes(kept[proc.stdout.fileno()]), bytes(kept[proc.stderr.fileno()]), truncated, timed_out
+
+
+def _kill_all(proc: subprocess.Popen, uid: int | None) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the group id stays valid until we reap the main process
+    except ProcessLookupError:
+        pass
+    if uid is not None:
+        _kill_uid(uid)  # whatever left the process group
+
+
+def _explain(exit_code: int, stderr: str, timed_out: bool, limits: SandboxLimits) -> str | None:
+    if timed_out:
+        return f"killed: wall-clock timeout after {float(limits.wall_time_s)}s"
+    if exit_code == -signal.SIGXCPU:
+        return f"killed: CPU time limit {limits.cpu_time_s} s"
+    if exit_code != 0 and "MemoryError" in stderr[-2000:]:
+        return f"memory limit {limits.memory_mb} MB exceeded (MemoryError)"
+    if exit_code == -signal.SIGXFSZ:
+        return f"killed: file size limit {limits.max_file_size_mb} MB"
+    if exit_code < 0:
+        return f"killed by signal {signal.Signals(-exit_code).name}"
+    return None
+
+
+# ---------------------------------------------------------------- one uid per running sandbox (root only)
+
+
+@contextmanager
+def _sandbox_uid() -> Iterator[int | None]:
+    """As root, lease a uid no other running sandbox (in any process) holds; its processes are killed before and
+    after use, so nothing a previous holder left behind survives into this run."""
+    if os.geteuid() != 0:
+        yield None
+        return
+    lock_fd, uid = _lease_slot()
+    try:
+        _kill_uid(uid)  # a crashed parent may have left processes under this uid
+        yield uid
+    finally:
+        _kill_uid(uid)
+        os.close(lock_fd)
+
+
+def _lease_slot() -> tuple[int, int]:
+    _SLOT_DIR.mkdir(mode=0o700, exist_ok=True)
+    info = os.lstat(_SLOT_DIR)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077:
+        raise RuntimeError(f"{_SLOT_DIR} must be a directory owned by root with mode 0700")
+    first = random.randrange(SANDBOX_UID_SLOTS)  # spread concurrent searches
+    for i in range(SANDBOX_UID_SLOTS):
+        slot = (first + i) % SANDBOX_UID_SLOTS
+        fd = os.open(_SLOT_DIR / str(slot), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return fd, SANDBOX_UID_BASE + slot
+    raise RuntimeError(f"all {SANDBOX_UID_SLOTS} sandbox uids are in use")
+
+
+_STATUS_RE = re.compile(rb"^State:\s+(\S).*?^Uid:\s+(\d+)", re.S | re.M)
+
+
+def _kill_uid(uid: int, patience_s: float = 2.0) -> None:
+    """SIGKILL every live process of `uid` until none is left (zombies are dead already)."""
+    give_up = time.monotonic() + patience_s
+    while pids := _live_pids(uid):
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if time.monotonic() > give_up:
+            logger.error("sandbox: processes %s of uid %d survive SIGKILL", pids, uid)
+            return
+        time.sleep(0.001)
+
+
+def _live_pids(uid: int) -> list[int]:
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as f:
+                match = _STATUS_RE.search(f.read(2048))
+        except (FileNotFoundError, ProcessLookupError):  # exited while we looked
+            continue
+        if match and int(match[2]) == uid and match[1] != b"Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def _world_reachable(path: str) -> bool:
+    real = Path(os.path.realpath(path))
+    return all(p.stat().st_mode & stat.S_IXOTH for p in [real, *real.parents])
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    logger.warning("sandbox: %s", message)
