@@ -1,0 +1,195 @@
+"""EnvHost: holds the environment instances of many trajectories; the caller wraps it as a Ray actor.
+
+    host = ray.remote(EnvHost).options(max_concurrency=1000).remote(tool_timeout_s=10.0)
+
+Its methods are `async`, so Ray runs it as an async actor: one event loop serves every trajectory, sync tools run
+in a thread pool and async tools on the loop. The calls of one trajectory run in order (a stateful env sees its
+tool calls as the model wrote them); different trajectories run concurrently.
+
+Threat model: this is not a sandbox. Environments run in this actor's process with its permissions. The timeout
+stops *waiting* for a tool (the trajectory gets an error observation and moves on) but cannot stop a sync tool's
+thread, which keeps running and holds a pool thread until it returns. An environment that runs untrusted code
+must do so in a subprocess it can kill (and, for no network, under `unshare -n`), not in the tool method itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl_ray.envs.base import coerce_arguments, load_env_class, tool_methods
+from agentrl_ray.rollout.tool_parser import ToolCall
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ToolResult:
+    text: str  # the observation shown to the policy
+    error: bool = False
+
+
+@dataclass
+class _Open:
+    env: Any
+    tools: dict[str, Callable]  # bound methods
+
+
+@functools.lru_cache(maxsize=64)
+def _env_class(path: str) -> type:
+    return load_env_class(path)
+
+
+class EnvHost:
+    def __init__(self, tool_timeout_s: float = 10.0, max_output_chars: int = 2000, max_threads: int = 32) -> None:
+        if tool_timeout_s <= 0:
+            raise ValueError(f"tool_timeout_s must be positive, got {tool_timeout_s}")
+        if max_output_chars <= 0:
+            raise ValueError(f"max_output_chars must be positive, got {max_output_chars}")
+        self.tool_timeout_s = tool_timeout_s
+        self.max_output_chars = max_output_chars
+        self._executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="env-tool")
+        self._open: dict[str, _Open] = {}
+        self._counts: Counter[str] = Counter()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def create(self, key: str, env_path: str, env_kwargs: dict, row: dict) -> str | None:
+        """Build the environment of trajectory `key` and reset it with `row`; returns the text reset() gave."""
+        if key in self._open:
+            raise ValueError(f"environment {key!r} is already open on this host; close it before reusing the key")
+        cls = _env_class(env_path)
+        # Constructors and reset may be slow (start a process, load a file): keep them off the event loop.
+        env = await self._in_thread(functools.partial(cls, **env_kwargs))
+        try:
+            text = await self._in_thread(functools.partial(env.reset, **row))
+            if text is not None and not isinstance(text, str):
+                raise TypeError(f"{cls.__name__}.reset() must return str or None, got {type(text).__name__}")
+        except BaseException:
+            await self._close_env(env, key)
+            raise
+        self._open[key] = _Open(env, tool_methods(env))
+        self._counts["created"] += 1
+        return text
+
+    async def close(self, key: str) -> bool:
+        """Close trajectory `key`'s environment; safe to repeat or for an unknown key. Returns whether it was open."""
+        opened = self._open.pop(key, None)
+        if opened is None:
+            return False
+        await self._close_env(opened.env, key)
+        self._counts["closed"] += 1
+        return True
+
+    async def _close_env(self, env: Any, key: str) -> None:
+        close = getattr(env, "close", None)
+        if close is None:
+            return
+        try:
+            await self._run(close, {})
+        except Exception as e:
+            # A failing close must not fail the rollout that already finished; it is counted and logged instead.
+            self._counts["close_errors"] += 1
+            logger.warning("closing environment %r failed: %s: %s", key, type(e).__name__, e)
+
+    def stats(self) -> dict[str, int]:
+        """Counters since start: open instances, calls, errors (of which timeouts and parse errors), close errors."""
+        keys = ("created", "closed", "calls", "errors", "timeouts", "parse_errors", "close_errors", "reward_errors")
+        return {"open": len(self._open), **{k: self._counts[k] for k in keys}}
+
+    # ---------------------------------------------------------------- tools
+
+    async def call_tools(self, key: str, calls: list[ToolCall], parse_errors: list[str]) -> list[ToolResult]:
+        """Run one turn's tool calls in order; then one error observation per malformed call."""
+        opened = self._get(key)
+        results = [await self._call_one(opened, call) for call in calls]
+        for message in parse_errors:
+            self._counts["parse_errors"] += 1
+            results.append(self._error(f"could not parse tool call: {message}"))
+        return results
+
+    async def _call_one(self, opened: _Open, call: ToolCall) -> ToolResult:
+        self._counts["calls"] += 1
+        fn = opened.tools.get(call.name)
+        if fn is None:
+            available = ", ".join(sorted(opened.tools)) or "none"
+            return self._error(f"unknown tool {call.name!r}; available tools: {available}")
+        try:
+            arguments = coerce_arguments(fn, call.arguments)
+        except ValueError as e:
+            return self._error(f"{call.name}: {e}")
+        try:
+            result = await self._run(fn, arguments)
+        except TimeoutError:
+            self._counts["timeouts"] += 1
+            return self._error(f"{call.name} timed out after {self.tool_timeout_s:g} s")
+        except Exception as e:
+            # ValueError is the conventional "bad input" signal of a tool: its message is the whole story.
+            detail = str(e) if isinstance(e, ValueError) and str(e) else f"{type(e).__name__}: {e}"
+            return self._error(f"{call.name}: {detail}")
+        return ToolResult(self._truncate(_as_text(result)), error=False)
+
+    def _error(self, message: str) -> ToolResult:
+        self._counts["errors"] += 1
+        return ToolResult(self._truncate(f"Error: {message}"), error=True)
+
+    def _truncate(self, text: str) -> str:
+        if len(text) <= self.max_output_chars:
+            return text
+        return text[: self.max_output_chars] + f"\n[truncated {len(text) - self.max_output_chars} characters]"
+
+    # ---------------------------------------------------------------- reward
+
+    async def env_reward(self, key: str, completion: str) -> float | None:
+        """The environment's own reward for trajectory `key` (None when it defines none; NaN when it failed)."""
+        env = self._get(key).env
+        if callable(getattr(env, "reward", None)):
+            fn, arguments = env.reward, {"completion": completion}
+        elif callable(getattr(env, "get_reward", None)):
+            fn, arguments = env.get_reward, {}  # TRL's spelling: the env judges from its own state
+        else:
+            return None
+        try:
+            value = await self._run(fn, arguments)
+            if value is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+                raise TypeError(f"must return a finite number or None, got {value!r}")
+            return float(value)
+        except Exception as e:
+            # NaN, not an exception: the rollout survives and the reward functions report it as an error.
+            self._counts["reward_errors"] += 1
+            logger.warning("reward of environment %r failed: %s: %s", key, type(e).__name__, e)
+            return math.nan
+
+    # ---------------------------------------------------------------- helpers
+
+    def _get(self, key: str) -> _Open:
+        try:
+            return self._open[key]
+        except KeyError:
+            raise KeyError(f"no open environment {key!r} on this host (create it first, or it was closed)") from None
+
+    async def _run(self, fn: Callable, arguments: dict[str, Any]) -> Any:
+        """Call `fn(**arguments)` under the tool timeout: awaited if async, else in the thread pool."""
+        if inspect.iscoroutinefunction(fn):
+            return await asyncio.wait_for(fn(**arguments), self.tool_timeout_s)
+        return await asyncio.wait_for(self._in_thread(functools.partial(fn, **arguments)), self.tool_timeout_s)
+
+    async def _in_thread(self, fn: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+
+def _as_text(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    return json.dumps(result, ensure_ascii=False, default=str)
