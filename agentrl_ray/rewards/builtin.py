@@ -8,6 +8,7 @@ kwargs carry the dataset columns (one value per sample), `trajectories` and `env
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from agentrl_ray.rollout.tool_parser import extract_final_answer, parse_tool_calls
@@ -49,3 +50,74 @@ def answer_match(completions: list[Completion], answer: list[Any], **kwargs: Any
         text = final_answer_text(completion)
         out.append(float(numbers_match(extract_final_answer(text) if text else None, expected)))
     return out
+
+
+def count_tool_calls(completion: Completion, trajectory: dict | None = None) -> tuple[int, int]:
+    """(tool calls, failed tool calls) of one sample: from the rollout's counters when given, else its messages.
+
+    From messages, a call is a `<tool_call>` block (well-formed or not) and a failure is a tool message starting
+    with "Error:" (the env host's spelling of a failed call).
+    """
+    if trajectory is not None:
+        return trajectory["num_tool_calls"], trajectory["num_tool_errors"]
+    messages = messages_of(completion)
+    calls = 0
+    for m in messages:
+        if m["role"] == "assistant":
+            parsed = parse_tool_calls(m["content"] or "")
+            calls += len(parsed.calls) + len(parsed.errors)
+    errors = sum(1 for m in messages if m["role"] == "tool" and str(m["content"]).startswith("Error:"))
+    return calls, errors
+
+
+def _per_sample(kwargs: dict[str, Any], key: str, n: int) -> list[Any]:
+    values = kwargs.get(key)
+    return list(values) if values is not None else [None] * n
+
+
+def tool_success(completions: list[Completion], trajectories: list[dict] | None = None, **kwargs: Any) -> list:
+    """Fraction of the sample's tool calls that succeeded; None (does not apply) for a sample without tool calls."""
+    trajs = trajectories if trajectories is not None else [None] * len(completions)
+    out: list[float | None] = []
+    for completion, traj in zip(completions, trajs, strict=True):
+        calls, errors = count_tool_calls(completion, traj)
+        out.append((calls - errors) / calls if calls else None)
+    return out
+
+
+def efficiency_reward(token_budget: int = 1024, tool_call_budget: int = 4) -> Callable[..., list[float]]:
+    """A reward in [0, 1]: 1 minus half the used share of `token_budget` minus half that of `tool_call_budget`.
+
+    It rewards brevity whatever the outcome, so give it a small weight next to a correctness reward: GRPO compares
+    samples within a group, where it then breaks ties between equally correct answers.
+    """
+    if token_budget <= 0 or tool_call_budget <= 0:
+        raise ValueError(f"budgets must be positive, got {token_budget} tokens and {tool_call_budget} tool calls")
+
+    def efficiency(completions: list[Completion], **kwargs: Any) -> list[float]:
+        n = len(completions)
+        trajs = _per_sample(kwargs, "trajectories", n)
+        ids = _per_sample(kwargs, "completion_ids", n)  # TRL passes token ids; our rollouts pass trajectories
+        out = []
+        for completion, traj, token_ids in zip(completions, trajs, ids, strict=True):
+            if traj is not None:
+                tokens = traj["num_tokens"]
+            elif token_ids is not None:
+                tokens = len(token_ids)
+            else:
+                raise ValueError("efficiency needs token counts: pass `trajectories` or `completion_ids`")
+            calls, _ = count_tool_calls(completion, traj)
+            out.append(1.0 - 0.5 * min(1.0, tokens / token_budget) - 0.5 * min(1.0, calls / tool_call_budget))
+        return out
+
+    return efficiency
+
+
+efficiency = efficiency_reward()
+
+
+def env_reward(completions: list[Completion], env_rewards: list[float | None], **kwargs: Any) -> list:
+    """Task completion as judged by the environment itself (its `reward`/`get_reward`); None where it has none."""
+    if len(env_rewards) != len(completions):
+        raise ValueError(f"{len(env_rewards)} env rewards for {len(completions)} completions")
+    return list(env_rewards)

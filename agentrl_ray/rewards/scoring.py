@@ -18,14 +18,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agentrl_ray.envs.base import import_object
-from agentrl_ray.rewards import builtin
+from agentrl_ray.rewards import builtin, measures
 
 logger = logging.getLogger(__name__)
 
 RewardFunc = Callable[..., list[float | None]]
 
 BUILTIN: dict[str, RewardFunc] = {
-    "answer_match": builtin.answer_match,
+    "answer_match": builtin.answer_match,  # final answer equals the `answer` column
+    "format": measures.format_reward,  # well-formed tool calls, ends with an answer (partial credit)
+    "tool_success": builtin.tool_success,  # share of tool calls that succeeded
+    "efficiency": builtin.efficiency,  # few tokens and tool calls (a tie-breaker: give it a small weight)
+    "env_reward": builtin.env_reward,  # the environment's own verdict (its reward / get_reward)
 }
 
 # Dataset columns TRL withholds from reward functions (it passes the prompts as `prompts` instead).
