@@ -16,6 +16,14 @@ from agentrl_ray.config import Config, ConfigError
 
 log = logging.getLogger("agentrl_ray")
 SNAPSHOT = "checkpoint_manager_snapshot.json"
+# Actors inherit these: keep the console to the per-step lines and real warnings.
+QUIET_ENV = {
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "RAY_TRAIN_ENABLE_WORKER_STRUCTURED_LOGGING": "0",
+    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
+}
 
 
 def resolve_model(path: str) -> str:
@@ -51,11 +59,14 @@ def init_ray(cfg: Config) -> None:
 
     if ray.is_initialized():
         return
-    env_vars = {"TOKENIZERS_PARALLELISM": "false"}
+    env_vars = dict(QUIET_ENV)
+    if not cfg.learner.use_gpu:
+        env_vars["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would otherwise probe for GPUs and warn
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
     else:
-        ray.init(include_dashboard=False, runtime_env={"env_vars": env_vars}, log_to_driver=True)
+        # The dashboard also serves the state API that Ray Train's controller polls.
+        ray.init(runtime_env={"env_vars": env_vars})
     need = (
         cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker
         + cfg.env.num_actors * cfg.env.num_cpus_per_actor
