@@ -13,8 +13,11 @@ unchanged:
   `async def`.
 - Reserved, never tools: `reset`, `close` (optional cleanup, called once when the trajectory ends), `get_reward`
   (optional, TRL's spelling: `get_reward(self) -> float | None` from the env's own state) or `reward` (optional,
-  ours: `reward(self, completion: str) -> float | None`, given the final assistant message), and `step`
-  (reserved for turn-based environments without tools: `step(self, text) -> (observation, reward, done)`).
+  ours: `reward(self, completion: str) -> float | None`, given the final assistant message), and `step`.
+- Turn-based environments (a user simulator, a text game) define `step(self, text: str) -> (observation: str |
+  None, reward: float, done: bool)` instead of tools: `text` is the assistant's whole turn, `observation` becomes
+  the next user message, the episode ends at `done`, and unless the env defines `reward`/`get_reward` its reward
+  is the sum of its step rewards. The env host serves them through `call_turn`.
 
 Environments are found by import path ("package.module:Class"), so users add one without editing this package.
 Inheriting from `Environment` is optional; it only documents the contract.

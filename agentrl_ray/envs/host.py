@@ -39,9 +39,21 @@ class ToolResult:
 
 
 @dataclass
+class TurnResult:
+    """What a turn-based environment (one with `step`) answers to an assistant turn."""
+
+    observation: str | None  # the next user message; None when the environment has nothing to add
+    reward: float
+    done: bool
+    error: bool = False
+
+
+@dataclass
 class _Open:
     env: Any
     tools: dict[str, Callable]  # bound methods
+    step_reward: float = 0.0  # sum of the rewards `step` returned so far
+    steps: int = 0
 
 
 @functools.lru_cache(maxsize=64)
@@ -102,8 +114,18 @@ class EnvHost:
             logger.warning("closing environment %r failed: %s: %s", key, type(e).__name__, e)
 
     def stats(self) -> dict[str, int]:
-        """Counters since start: open instances, calls, errors (of which timeouts and parse errors), close errors."""
-        keys = ("created", "closed", "calls", "errors", "timeouts", "parse_errors", "close_errors", "reward_errors")
+        """Counters since start: open instances, tool calls, turns, errors (incl. timeouts and parse errors), ..."""
+        keys = (
+            "created",
+            "closed",
+            "calls",
+            "turns",
+            "errors",
+            "timeouts",
+            "parse_errors",
+            "close_errors",
+            "reward_errors",
+        )
         return {"open": len(self._open), **{k: self._counts[k] for k in keys}}
 
     # ---------------------------------------------------------------- tools
@@ -147,15 +169,49 @@ class EnvHost:
             return text
         return text[: self.max_output_chars] + f"\n[truncated {len(text) - self.max_output_chars} characters]"
 
+    # ---------------------------------------------------------------- turns
+
+    async def call_turn(self, key: str, assistant_text: str) -> TurnResult:
+        """Feed one assistant turn to a turn-based environment's `step(text) -> (observation, reward, done)`.
+
+        A step that raises, times out or returns the wrong shape ends the episode with an error observation: the
+        environment's state is unknown after that, so continuing would train on noise.
+        """
+        opened = self._get(key)
+        step = getattr(opened.env, "step", None)
+        if step is None:
+            name = type(opened.env).__name__
+            raise TypeError(f"environment {key!r} ({name}) has no step(text): it is a tool environment, use call_tools")
+        self._counts["turns"] += 1
+        try:
+            out = await self._run(functools.partial(step, assistant_text), {})
+            observation, reward, done = _checked_step(out)
+        except TimeoutError:
+            self._counts["timeouts"] += 1
+            return self._turn_error(f"step timed out after {self.tool_timeout_s:g} s")
+        except Exception as e:
+            return self._turn_error(f"step failed: {type(e).__name__}: {e}")
+        opened.step_reward += reward
+        opened.steps += 1
+        return TurnResult(None if observation is None else self._truncate(observation), reward, done)
+
+    def _turn_error(self, message: str) -> TurnResult:
+        self._counts["errors"] += 1
+        return TurnResult(self._truncate(f"Error: {message}"), 0.0, done=True, error=True)
+
     # ---------------------------------------------------------------- reward
 
     async def env_reward(self, key: str, completion: str) -> float | None:
-        """The environment's own reward for trajectory `key` (None when it defines none; NaN when it failed)."""
-        env = self._get(key).env
+        """The environment's own reward for trajectory `key`: its `reward(completion)` or `get_reward()`, else the sum
+        of its step rewards for a turn-based environment; None when it has none, NaN when it failed."""
+        opened = self._get(key)
+        env = opened.env
         if callable(getattr(env, "reward", None)):
             fn, arguments = env.reward, {"completion": completion}
         elif callable(getattr(env, "get_reward", None)):
             fn, arguments = env.get_reward, {}  # TRL's spelling: the env judges from its own state
+        elif opened.steps:
+            return opened.step_reward
         else:
             return None
         try:
@@ -193,3 +249,16 @@ def _as_text(result: Any) -> str:
     if isinstance(result, str):
         return result
     return json.dumps(result, ensure_ascii=False, default=str)
+
+
+def _checked_step(out: Any) -> tuple[str | None, float, bool]:
+    if not (isinstance(out, tuple) and len(out) == 3):
+        raise TypeError(f"step must return (observation, reward, done), got {out!r}")
+    observation, reward, done = out
+    if observation is not None and not isinstance(observation, str):
+        raise TypeError(f"step observation must be str or None, got {type(observation).__name__}")
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise TypeError(f"step reward must be a finite number, got {reward!r}")
+    if not isinstance(done, bool):
+        raise TypeError(f"step done must be a bool, got {type(done).__name__}")
+    return observation, float(reward), done

@@ -94,3 +94,17 @@ def test_create_errors_propagate(host):
         ray.get(host.create.remote("bad", "no_such_module:Env", {}, {}))
     with pytest.raises(ray.exceptions.RayTaskError, match="no open environment 'never'"):
         ray.get(host.call_tools.remote("never", [], []))
+
+
+def test_turn_based_env_through_the_actor(host):
+    from agentrl_ray.envs.host import TurnResult
+
+    env = "agentrl_ray.envs.conversation:ActionTaskEnv"
+    intro = ray.get(host.create.remote("task", env, {"max_steps": 3}, {"required_actions": ["a", "b"]}))
+    assert intro.startswith("\nValid actions: a, b.")
+    first = ray.get(host.call_turn.remote("task", "ACTION: a"))
+    second = ray.get(host.call_turn.remote("task", "ACTION: b"))
+    assert first == TurnResult("done: a", 0.0, False)
+    assert second == TurnResult("done: b\nTask complete.", 1.0, True)
+    assert ray.get(host.env_reward.remote("task", "")) == 1.0
+    assert ray.get(host.close.remote("task"))

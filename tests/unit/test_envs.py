@@ -331,6 +331,7 @@ def test_env_host_lifecycle_tools_errors_and_stats():
         "created": 1,
         "closed": 1,
         "calls": 5,
+        "turns": 0,
         "errors": 4,
         "timeouts": 0,
         "parse_errors": 1,

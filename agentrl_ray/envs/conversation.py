@@ -1,0 +1,103 @@
+"""Turn-based environments without tools, served through `EnvHost.call_turn` (see the `step` contract in `base`).
+
+- `ScriptedUserEnv`: a conversation with a scripted user. Each assistant turn is checked against what it should
+  contain; the user's next scripted message is the observation.
+- `ActionTaskEnv`: a task done by naming actions (`ACTION: open_door` lines). It succeeds when every required
+  action was taken (in order, if the row says so); the reward arrives on the step that completes the task.
+
+Both keep every helper private: a public method would become a tool.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+class ScriptedUserEnv:
+    """Rows carry `expected`: per assistant turn, a string the reply must contain (None: anything goes), and
+    `user_turns`: the user's follow-ups, one after each assistant turn but the last. Step reward: 1/len(expected)
+    per reply that contains its expected string, so the episode's reward is the share of turns handled."""
+
+    def __init__(self, case_sensitive: bool = False) -> None:
+        self.case_sensitive = case_sensitive
+        self._expected: list[str | None] = []
+        self._user_turns: list[str] = []
+        self._turn = 0
+
+    def reset(self, **row: Any) -> None:
+        expected, user_turns = list(row["expected"]), list(row.get("user_turns", []))
+        if not expected:
+            raise ValueError("ScriptedUserEnv: the row's `expected` list is empty; the conversation needs a turn")
+        if len(user_turns) != len(expected) - 1:
+            raise ValueError(
+                f"ScriptedUserEnv: {len(expected)} expected assistant turns need {len(expected) - 1} user follow-ups "
+                f"between them, the row has {len(user_turns)}"
+            )
+        self._expected, self._user_turns, self._turn = expected, user_turns, 0
+        return None
+
+    def step(self, text: str) -> tuple[str | None, float, bool]:
+        if self._turn >= len(self._expected):
+            raise RuntimeError("ScriptedUserEnv: step after the conversation ended")
+        want = self._expected[self._turn]
+        reward = 1.0 / len(self._expected) if want is None or self._contains(text, want) else 0.0
+        self._turn += 1
+        done = self._turn == len(self._expected)
+        return (None if done else self._user_turns[self._turn - 1]), reward, done
+
+    def _contains(self, text: str, want: str) -> bool:
+        return want in text if self.case_sensitive else want.lower() in text.lower()
+
+
+_ACTION = re.compile(r"^\s*ACTION:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+class ActionTaskEnv:
+    """Rows carry `required_actions`, optionally `actions` (all valid actions; default: the required ones) and
+    `ordered` (the required actions must happen in that order). An assistant turn takes actions by writing lines
+    `ACTION: <name>`; a turn without any ends the episode, as does `max_steps`. Reward 1.0 on success, else 0.0."""
+
+    def __init__(self, max_steps: int = 8) -> None:
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+        self.max_steps = max_steps
+        self._required: list[str] = []
+        self._valid: set[str] = set()
+        self._ordered = False
+        self._taken: list[str] = []
+        self._steps = 0
+
+    def reset(self, **row: Any) -> str:
+        self._required = [a.strip() for a in row["required_actions"]]
+        self._valid = {a.strip() for a in row.get("actions") or self._required}
+        missing = [a for a in self._required if a not in self._valid]
+        if missing:
+            raise ValueError(f"ActionTaskEnv: required actions {missing} are not among the row's valid actions")
+        self._ordered = bool(row.get("ordered", False))
+        self._taken, self._steps = [], 0
+        return f"\nValid actions: {', '.join(sorted(self._valid))}. Write one 'ACTION: <name>' line per action."
+
+    def step(self, text: str) -> tuple[str | None, float, bool]:
+        self._steps += 1
+        actions = _ACTION.findall(text)
+        if not actions:
+            return None, 0.0, True  # the agent stopped acting: the task is judged as it stands (unfinished)
+        notes = []
+        for action in actions:
+            if action in self._valid:
+                self._taken.append(action)
+                notes.append(f"done: {action}")
+            else:
+                notes.append(f"unknown action {action!r}")
+        if self._succeeded():
+            return "\n".join([*notes, "Task complete."]), 1.0, True
+        if self._steps >= self.max_steps:
+            return "\n".join([*notes, "Out of steps."]), 0.0, True
+        return "\n".join(notes), 0.0, False
+
+    def _succeeded(self) -> bool:
+        if not self._ordered:
+            return set(self._required) <= set(self._taken)
+        taken = iter(self._taken)  # required actions as a subsequence of those taken
+        return all(action in taken for action in self._required)
