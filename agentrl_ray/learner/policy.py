@@ -17,6 +17,17 @@ from agentrl_ray.config import LearnerConfig, ModelConfig
 TRAINER_STATE = "trainer_state.pt"
 
 
+def lora_tensors(peft_model) -> list[tuple[str, torch.Tensor]]:
+    """The adapter's A/B tensors, named after the base weight they modify (what RolloutWorker.load_lora merges)."""
+    out = []
+    for name, p in peft_model.named_parameters():
+        if "lora_A" in name or "lora_B" in name:
+            # base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight
+            #   → model.layers.0.self_attn.q_proj.lora_A
+            out.append((name.removeprefix("base_model.model.").replace(".default.weight", ""), p.detach().cpu()))
+    return out
+
+
 class Policy:
     def __init__(self, model_path: str, model_cfg: ModelConfig, cfg: LearnerConfig, *, need_reference: bool) -> None:
         import ray.train.torch
@@ -139,14 +150,7 @@ class Policy:
     def named_tensors_for_sync(self) -> list[tuple[str, torch.Tensor]]:
         """Hugging Face parameter names (what vLLM's loader expects); LoRA: only the A/B tensors."""
         if self.lora_scaling is not None:
-            out = []
-            for name, p in self.module.named_parameters():
-                if "lora_A" in name or "lora_B" in name:
-                    # base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight
-                    #   → model.layers.0.self_attn.q_proj.lora_A
-                    base = name.removeprefix("base_model.model.").replace(".default.weight", "")
-                    out.append((base, p.detach().cpu()))
-            return out
+            return lora_tensors(self.module)
         return [(n, t.detach().cpu()) for n, t in self.module.state_dict().items()]
 
     def save(self, path: Path, extra_state: dict[str, Any], tokenizer) -> None:

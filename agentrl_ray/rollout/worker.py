@@ -186,7 +186,11 @@ class RolloutWorker:
         return version
 
     def load_lora(self, adapter: dict[str, torch.Tensor], scaling: float, version: int) -> int:
-        """Merge LoRA A/B into the base weights: W = W0 + scaling * B @ A, then reload in place."""
+        """Merge LoRA A/B into this worker's copy of the base weights (W = W0 + scaling * B @ A) and reload.
+
+        Only the adapter travels; the full state dict is rebuilt here, because vLLM's in-place reload does not
+        keep the previous values of tensors left out of a reload.
+        """
         if self._base_weights is None:
             from pathlib import Path
 
@@ -195,15 +199,15 @@ class RolloutWorker:
             self._base_weights = {}
             for f in sorted(Path(self.model_path).glob("*.safetensors")):
                 self._base_weights.update(load_file(str(f)))
-        merged = []
+        merged = dict(self._base_weights)
         for name, a in adapter.items():
             if not name.endswith(".lora_A"):
                 continue
-            target = name.removesuffix(".lora_A") + ".weight"
-            b = adapter[name.removesuffix(".lora_A") + ".lora_B"]
-            base = self._base_weights[target]
-            merged.append((target, (base.float() + scaling * (b.float() @ a.float())).to(base.dtype)))
-        return self.load_state_dict(merged, version)
+            prefix = name.removesuffix(".lora_A")
+            b = adapter[prefix + ".lora_B"]
+            base = self._base_weights[prefix + ".weight"]
+            merged[prefix + ".weight"] = (base.float() + scaling * (b.float() @ a.float())).to(base.dtype)
+        return self.load_state_dict(list(merged.items()), version)
 
     def init_collective(self, master_addr: str, port: int, world_size: int, rank: int) -> bool:
         from agentrl_ray.sync.collective import CollectiveGroup

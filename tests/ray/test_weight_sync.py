@@ -83,3 +83,27 @@ def test_sync_makes_engines_equal_to_learner(setup, transport):
         ours = _hf_logprobs(model, traj.token_ids, pos)
         theirs = [traj.rollout_logprobs[i] for i in pos]
         assert max(abs(a - b) for a, b in zip(ours, theirs)) < 2e-2
+
+
+def test_lora_adapter_sync_matches_merged_model(setup, builtin_model_path):
+    """LoRA: only A/B tensors travel; the engine merges them and then generates like the peft model."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from agentrl_ray.learner.policy import lora_tensors
+
+    cfg, pool, tok, _ = setup
+    base = AutoModelForCausalLM.from_pretrained(builtin_model_path, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]))
+    _train_a_little(model, seed=2)
+    adapter = lora_tensors(model)
+    assert adapter and all(".lora_A" in n or ".lora_B" in n for n, _ in adapter)
+    sync = ObjectStoreSync(lora_scaling=8 / 4)
+    sync.setup(pool)
+    sync.push(adapter, 21)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 77 * 3?"}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    expected = _hf_greedy(model, prompt, 16)
+    for results in pool.greedy([prompt], 16):
+        assert results[0][0] == expected
