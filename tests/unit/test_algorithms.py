@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from agentrl_ray import algorithms
 from agentrl_ray.algorithms import (
     LossNorm,
     batch_stats,
@@ -81,6 +82,42 @@ def test_token_logprobs_float32_from_bf16_temperature_and_no_entropy():
     lp, ent = token_logprobs_and_entropy(logits, torch.tensor([[1, 0]]), False, temperature=2.0)
     assert lp.dtype == torch.float32 and ent is None
     torch.testing.assert_close(lp, torch.tensor([[0.0, math.log(0.633975)]]), atol=2e-3, rtol=0)
+
+
+def _reference_logprobs(logits, ids, temperature=1.0):
+    logp = torch.log_softmax(logits[:, :-1].double() / temperature, dim=-1)
+    return torch.nn.functional.pad(logp.gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))
+
+
+def test_token_logprobs_chunked_forward_and_backward_match_log_softmax(monkeypatch):
+    # Chunks of 2 positions (vocab 5, 10 elements) to cross chunk and row boundaries.
+    monkeypatch.setattr(algorithms, "CHUNK_ELEMENTS", 10)
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 5, (3, 7), generator=g)
+    weights = torch.randn(3, 7, generator=g, dtype=torch.float64)
+    lp, ent = token_logprobs_and_entropy(logits, ids, temperature=0.7)
+    ref = _reference_logprobs(logits, ids, 0.7)
+    torch.testing.assert_close(lp, ref)
+    (ours_grad,) = torch.autograd.grad((lp * weights).sum(), logits)
+    (ref_grad,) = torch.autograd.grad((ref * weights).sum(), logits)
+    torch.testing.assert_close(ours_grad, ref_grad)
+    p = torch.softmax(logits[:, :-1].detach() / 0.7, dim=-1)
+    torch.testing.assert_close(ent[:, 1:], -(p * p.log()).sum(-1))
+    small = logits[:1, :4].detach().clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: token_logprobs_and_entropy(x, ids[:1, :4], False)[0], (small,))
+
+
+def test_token_logprobs_bf16_gradient_is_bf16_and_close_to_float32():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 6, 11, generator=g).to(torch.bfloat16).requires_grad_(True)
+    ids = torch.randint(0, 11, (2, 6), generator=g)
+    lp, _ = token_logprobs_and_entropy(logits, ids, False)
+    lp.sum().backward()
+    ref = logits.detach().float().requires_grad_(True)
+    _reference_logprobs(ref, ids).sum().backward()
+    assert logits.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(logits.grad.float(), ref.grad, atol=1e-2, rtol=1e-2)
 
 
 # ----------------------------------------------------------------------------------------------------------------
