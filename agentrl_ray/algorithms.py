@@ -270,7 +270,7 @@ def sequence_level_ratio(logprobs: Tensor, old_logprobs: Tensor, action_mask: Te
     composes with every loss aggregation (e.g. token_mean then weights each sequence by its length, like TRL's
     sequence level with its token-sum losses).
     """
-    diff = (logprobs - old_logprobs) * action_mask  # (B, T)
+    diff = torch.where(action_mask > 0, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (B, T)
     log_s = diff.sum(dim=1, keepdim=True) / action_mask.sum(dim=1, keepdim=True).clamp(min=1.0)  # (B, 1)
     return torch.exp(log_s.detach() + logprobs - logprobs.detach())  # (B, T), value s_i broadcast
 
@@ -353,7 +353,9 @@ def compute_loss(
         if cfg.beta > 0:
             if ref_logprobs is None:
                 raise ValueError("algorithm.beta > 0 needs ref_logprobs (the reference policy's logprobs)")
-            kl = kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator)  # (B, T)
+            # Outside the action tokens ref := logp (KL 0): prompt/padding values could overflow exp() into NaN.
+            ref = torch.where(act > 0, ref_logprobs, logprobs.detach())  # (B, T)
+            kl = kl_penalty(logprobs, ref, cfg.kl_estimator)  # (B, T)
             kl_local = _masked_mean(kl.detach(), keep)
             per_token = per_token + cfg.beta * kl
         policy = aggregate(per_token, keep, cfg.loss_aggregation, *_counts(norm, "act"), norm)

@@ -279,11 +279,11 @@ def test_sequence_level_ratio_values():
 
 @pytest.mark.parametrize("estimator,kl,grad", [("k1", LN2, 1.0), ("k2", LN2**2 / 2, LN2), ("k3", LN2 - 0.5, 0.5)])
 def test_kl_estimators(estimator, kl, grad):
-    # The second token is not an action token: its wild reference logprob must not matter.
+    # The third token is not an action token: its wild logprobs (exp(0 + 200) overflows) must not matter.
     batch = make_batch([[0, 1, 0]], [0.0])
     cfg = AlgorithmConfig(beta=0.1, kl_estimator=estimator)
-    lp = [[0.0, math.log(0.5), -1.0]]
-    value, g, m = loss_and_grad(lp, batch, cfg, ref=[[0.0, math.log(0.25), -50.0]])
+    lp = [[0.0, math.log(0.5), -200.0]]
+    value, g, m = loss_and_grad(lp, batch, cfg, ref=[[0.0, math.log(0.25), 0.0]])
     assert value == pytest.approx(0.1 * kl)
     torch.testing.assert_close(g, torch.tensor([[0.0, 0.1 * grad, 0.0]]))
     assert m["kl"] == pytest.approx(kl) and m["policy_loss"] == 0.0
