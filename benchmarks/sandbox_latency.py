@@ -1,0 +1,100 @@
+"""Cost of a sandboxed run: start cost one at a time, and latency with hundreds of runs at once.
+
+    python benchmarks/sandbox_latency.py                      # 512 concurrent runs of `pass`
+    python benchmarks/sandbox_latency.py --concurrent 1024 --code "print(sum(range(10**6)))"
+
+CPU only (no GPU involved). Start cost is the median time of `run_python("pass")` run one after another, next to
+the same interpreter started bare (`python -I -c pass`), so the difference is what the sandbox adds. The
+concurrent phase submits every run to a thread pool at once (one thread per run, as an env actor under load would)
+and releases them together; a run's latency is from that release to its result (queueing for the 2 cores and
+for the parent's GIL included). Reports latency percentiles, wall time and runs/s. Results are in docs/sandbox.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+
+from agentrl_ray.envs.sandbox import SandboxLimits, run_python, sandbox_python  # noqa: E402
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def start_cost(n: int) -> dict:
+    python = sandbox_python()
+    bare, sandboxed = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run([python, "-I", "-c", "pass"], check=True)
+        bare.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        result = run_python("pass")
+        sandboxed.append(time.perf_counter() - t0)
+        assert result.exit_code == 0, result
+    return {
+        "python": python,
+        "bare_ms": 1000 * statistics.median(bare),
+        "sandbox_ms": 1000 * statistics.median(sandboxed),
+        "sandbox_p90_ms": 1000 * percentile(sandboxed, 0.9),
+    }
+
+
+def concurrent(n: int, code: str, limits: SandboxLimits) -> dict:
+    # One thread and ~6 descriptors (pipes, pidfd, stdin file, uid lease) per run in flight.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 16 * n + 1024)), hard))
+
+    barrier = threading.Barrier(n + 1)  # every worker is up before the clock starts: all n runs start together
+
+    def one(_: int) -> tuple[float, object]:
+        barrier.wait()
+        result = run_python(code, limits=limits)
+        return time.perf_counter() - t0, result
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        futures = [pool.submit(one, i) for i in range(n)]
+        barrier.wait()
+        t0 = time.perf_counter()
+        runs = [f.result() for f in futures]
+    wall = time.perf_counter() - t0
+    latencies = [t for t, _ in runs]
+    failed = [r for _, r in runs if r.exit_code != 0]
+    return {
+        "runs": n,
+        "wall_s": wall,
+        "runs_per_s": n / wall,
+        "p50_ms": 1000 * percentile(latencies, 0.5),
+        "p99_ms": 1000 * percentile(latencies, 0.99),
+        "max_ms": 1000 * max(latencies),
+        "failed": len(failed),
+        "first_failure": failed[0].observation() if failed else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrent", type=int, default=512, help="runs in flight at once")
+    parser.add_argument("--sequential", type=int, default=50, help="runs for the start cost")
+    parser.add_argument("--code", default="pass", help="program each concurrent run executes")
+    parser.add_argument("--wall-time-s", type=float, default=60.0, help="per-run wall limit (queueing counts)")
+    args = parser.parse_args()
+    report = {"start": start_cost(args.sequential)}
+    limits = SandboxLimits(wall_time_s=args.wall_time_s)
+    report["concurrent"] = concurrent(args.concurrent, args.code, limits) | {"code": args.code}
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
