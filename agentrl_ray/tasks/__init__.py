@@ -1,0 +1,1 @@
+"""Built-in tasks: prompt datasets the project generates itself (no download)."""
