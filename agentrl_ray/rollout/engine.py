@@ -72,6 +72,7 @@ class VLLMEngine:
         top_p: float,
         stop_token_ids: list[int],
         seeds: list[int] | None = None,
+        ignore_eos: bool = False,
     ) -> list[Generation]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -85,6 +86,7 @@ class VLLMEngine:
                 stop_token_ids=stop_token_ids,
                 seed=None if seeds is None else seeds[i],
                 detokenize=False,
+                ignore_eos=ignore_eos,
             )
             for i, m in enumerate(max_tokens)
         ]

@@ -199,6 +199,9 @@ class RolloutWorker:
             self._base_weights = {}
             for f in sorted(Path(self.model_path).glob("*.safetensors")):
                 self._base_weights.update(load_file(str(f)))
+            # Tied embeddings are saved once; vLLM's reload still expects lm_head.weight (state_dict() has both).
+            if "lm_head.weight" not in self._base_weights and "model.embed_tokens.weight" in self._base_weights:
+                self._base_weights["lm_head.weight"] = self._base_weights["model.embed_tokens.weight"]
         merged = dict(self._base_weights)
         for name, a in adapter.items():
             if not name.endswith(".lora_A"):
@@ -221,5 +224,8 @@ class RolloutWorker:
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
         """Deterministic generation for weight-sync checks: (token ids, logprobs) per prompt."""
-        gens = self.engine.generate(prompts, [max_tokens] * len(prompts), temperature=0.0, top_p=1.0, stop_token_ids=[])
+        # ignore_eos: compare a fixed number of tokens with transformers' generate(min_new_tokens=max_tokens).
+        gens = self.engine.generate(
+            prompts, [max_tokens] * len(prompts), temperature=0.0, top_p=1.0, stop_token_ids=[], ignore_eos=True
+        )
         return [(g.token_ids, g.logprobs) for g in gens]

@@ -2,9 +2,11 @@
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,8 @@ def head_node(tmp_path, builtin_model_path):
     if ray.is_initialized():
         ray.shutdown()
     gcs, dash = _port(), _port()
+    # A short temp dir: Ray's socket paths under it must stay within AF_UNIX's 107 bytes (pytest's tmp_path does not).
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     env.pop("RAY_ADDRESS", None)
     subprocess.run(
@@ -38,7 +42,7 @@ def head_node(tmp_path, builtin_model_path):
             "--dashboard-host=127.0.0.1",
             f"--dashboard-port={dash}",
             "--disable-usage-stats",
-            f"--temp-dir={tmp_path / 'ray'}",
+            f"--temp-dir={temp_dir}",
         ],
         check=True,
         env=env,
@@ -50,6 +54,7 @@ def head_node(tmp_path, builtin_model_path):
         yield f"http://127.0.0.1:{dash}", env
     finally:
         subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_ray_job_submit_runs_training(head_node, tmp_path):
