@@ -114,6 +114,7 @@ def main() -> None:
         max_num_seqs=256,
         enforce_eager=not use_gpu,
         gpu_memory_utilization=0.5,
+        use_gpu=use_gpu,
     )
     tools = calculator_tools()
     env = CalculatorEnv()

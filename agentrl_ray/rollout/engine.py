@@ -49,8 +49,15 @@ class VLLMEngine:
         max_num_seqs: int,
         enforce_eager: bool,
         gpu_memory_utilization: float,
+        use_gpu: bool,
     ) -> None:
         from vllm import LLM
+
+        # vLLM CPU cannot rewind a request's seeded sampler after a partial (chunked) prefill ("CPU Generator does
+        # not use offset"), and we seed every request: on CPU every prompt is prefilled whole.
+        no_chunking = (
+            {} if use_gpu else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(8192, max_model_len)}
+        )
 
         self.llm = LLM(
             model=model_path,
@@ -61,6 +68,7 @@ class VLLMEngine:
             enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=True,
+            **no_chunking,
         )
 
     def generate(

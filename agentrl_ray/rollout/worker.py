@@ -61,6 +61,7 @@ class RolloutWorker:
             max_num_seqs=cfg.max_num_seqs,
             enforce_eager=cfg.enforce_eager,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
+            use_gpu=cfg.num_gpus_per_worker > 0,
         )
         self.version = 0
         self._base_weights: dict[str, torch.Tensor] | None = None  # LoRA: unmerged base, loaded on first use

@@ -107,3 +107,20 @@ def test_lora_adapter_sync_matches_merged_model(setup, builtin_model_path):
     expected = _hf_greedy(model, prompt, 16)
     for results in pool.greedy([prompt], 16):
         assert results[0][0] == expected
+
+
+def test_large_seeded_batch_is_scheduled_over_several_engine_steps(local_ray, builtin_model_path):
+    """More prompt tokens than the engine prefills in one step, every request seeded (as rollouts are): vLLM CPU
+    crashed on the partial prefill of a seeded request. A fresh engine, so no prompt prefix is cached yet."""
+    from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
+
+    cfg = load_config(None, ["profile=cpu", "rollout.num_cpus_per_worker=1"])
+    pool = RolloutPool.create(cfg, builtin_model_path)
+    try:
+        rows = make_arithmetic_rows(150, seed=5, split="eval")  # 300 sequences x ~58 prompt tokens > 4096
+        groups, _ = pool.sample(rows, group_size=2, temperature=1.0, seed=9)
+    finally:
+        pool.shutdown()
+    trajs = [t for g in groups for t in g.trajectories]
+    assert len(trajs) == 300
+    assert all(t.finish_reason in ("answer", "length", "max_turns") and sum(t.action_mask) > 0 for t in trajs)
