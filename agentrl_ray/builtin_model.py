@@ -75,7 +75,7 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{{- ')' + (': ' + fn.description.split('\\n')[0] if fn.description else '') -}}"
     "{%- endfor -%}"
-    "{{- '\\nCall one as <tool_call>\\n{\"name\": ..., \"arguments\": {...}}\\n</tool_call>' -}}"
+    '{{- \'\\nCall one as <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>\' -}}'
     "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endif -%}"
@@ -91,7 +91,7 @@ CHAT_TEMPLATE = (
     "{%- for call in message.tool_calls or [] -%}"
     "{%- set fn = call.function if call.function is defined else call -%}"
     "{%- if message.content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
-    "{{- '<tool_call>\\n{\"name\": \"' + fn.name + '\", \"arguments\": ' -}}"
+    '{{- \'<tool_call>\\n{"name": "\' + fn.name + \'", "arguments": \' -}}'
     "{{- fn.arguments if fn.arguments is string else fn.arguments | tojson -}}"
     "{{- '}\\n</tool_call>' -}}"
     "{%- endfor -%}"
@@ -206,8 +206,12 @@ def build(out_dir: Path, recipe: Recipe, tools: list[dict[str, Any]]) -> None:
     )
     model = Qwen2ForCausalLM(config)
     n_params = sum(p.numel() for p in model.parameters())
-    log.info("built-in model: Qwen2 %d layers, hidden %d, %.2fM parameters", recipe.num_layers, recipe.hidden_size,
-             n_params / 1e6)
+    log.info(
+        "built-in model: Qwen2 %d layers, hidden %d, %.2fM parameters",
+        recipe.num_layers,
+        recipe.hidden_size,
+        n_params / 1e6,
+    )
     rng = random.Random(recipe.seed)
     examples = [sft_example(tokenizer, tools, p, rng, recipe) for p in problems]
     supervised_warmup(model, examples, recipe, pad_id=tokenizer.pad_token_id)

@@ -137,7 +137,10 @@ def test_template_renders_the_hermes_layout(built):
     assert plain == "<|im_start|>user\nWhat is 347 * 29?<|im_end|>\n<|im_start|>assistant\n"
     # The tool-call block parses back with the rollout parser.
     call_turn = text.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
-    assert [c.arguments for c in parse_tool_calls(call_turn).calls] == [{"expression": "347 * 29"}, {"expression": "1 + 1"}]
+    assert [c.arguments for c in parse_tool_calls(call_turn).calls] == [
+        {"expression": "347 * 29"},
+        {"expression": "1 + 1"},
+    ]
     # Assistant masks cover exactly what the model generates, <|im_end|> included.
     out = tokenizer.apply_chat_template(messages, tools=TOOLS, return_dict=True, return_assistant_tokens_mask=True)
     generated = [t for t, m in zip(out["input_ids"], out["assistant_masks"]) if m]
@@ -168,7 +171,7 @@ def test_prompt_ids_are_the_rendered_text_and_short(built):
         ["Error: invalid expression '3 +': invalid syntax"],
         ["Error: unsupported operator BitXor: use ** for powers, ^ is not supported."],
         ["two\nlines", "  leading spaces", "trailing spaces  ", "ends with a newline\n", "\n\nstarts with two"],
-        ["", "1,234,567", "ünïcode ✓ 🙂", "tabs\tand\r\nCRLF", "}}\n\"quoted\""],
+        ["", "1,234,567", "ünïcode ✓ 🙂", "tabs\tand\r\nCRLF", '}}\n"quoted"'],
     ],
 )
 def test_tool_result_segments_encode_like_the_whole_conversation(built, results):
@@ -243,6 +246,8 @@ def test_warm_start_sometimes_calls_the_tool_and_copies_when_it_does(built):
             result = env.calculator(**calls[0].arguments)
             second.append(prompt + turn + encode_segments(tokenizer, tool_response_segments([result]))[0])
             expected.append(row["answer"])
-    answers = [extract_final_answer(tokenizer.decode(t)) for t in _generate(model, tokenizer, second, sample=False, seed=0)]
+    answers = [
+        extract_final_answer(tokenizer.decode(t)) for t in _generate(model, tokenizer, second, sample=False, seed=0)
+    ]
     correct = sum(a == e for a, e in zip(answers, expected))
     assert correct >= 0.8 * len(rows), (correct, len(second))
