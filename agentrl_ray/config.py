@@ -315,6 +315,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     merged = deep_merge(profile_preset(profile), {**user, "profile": profile})
     cfg = _build(Config, merged)
     validate(cfg)
+    # Relative to where the command runs: Ray Train workers run in another working directory.
+    cfg.run.output_dir = str(Path(cfg.run.output_dir).expanduser().resolve())
     return cfg
 
 

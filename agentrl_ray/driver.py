@@ -15,6 +15,9 @@ from typing import Any
 from agentrl_ray.config import Config, ConfigError
 
 log = logging.getLogger("agentrl_ray")
+# Ray folds log lines that differ only in numbers into "[repeated Nx]", which would hide most per-step lines. Read
+# once when Ray is imported, so set before that.
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 SNAPSHOT = "checkpoint_manager_snapshot.json"
 # Actors inherit these: keep the console to the per-step lines and real warnings.
 QUIET_ENV = {

@@ -37,11 +37,14 @@ def _records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_steps_change_weights_then_resume_continues(local_ray, builtin_model_path, tmp_path):
-    overrides = [*SMALL, f"run.output_dir={tmp_path}", "run.name=t"]
+def test_steps_change_weights_then_resume_continues(local_ray, builtin_model_path, tmp_path, monkeypatch):
+    # A relative output dir, as users give it: every output must land under the driver's working directory.
+    monkeypatch.chdir(tmp_path)
+    overrides = [*SMALL, "run.output_dir=runs", "run.name=t"]
     cfg = load_config(None, [*overrides, "run.steps=2"])
     metrics = train(cfg)
-    run_dir = cfg.run_dir
+    run_dir = tmp_path / "runs" / "t"
+    assert cfg.run_dir == run_dir
     assert metrics["samples"] == 2 * 4 * 4
     assert "eval/success" in metrics  # final held-out evaluation
     records = _records(run_dir)
