@@ -10,6 +10,7 @@ vLLM's engine settings are process-wide environment variables, so `configure_vll
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -38,6 +39,12 @@ def _reload(worker, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
     worker.model_runner.reload_weights(weights_iterator=iter(named_tensors))
 
 
+def _drop_rotary_reload_warning(record: logging.LogRecord) -> bool:
+    # Every in-place reload warns "RotaryEmbedding: Failed to load weights": its cos/sin cache is a buffer that no
+    # checkpoint carries and vLLM keeps as it was. Other layers' warnings (a real missing tensor) still show.
+    return not (record.args and record.args[0] == "RotaryEmbedding")
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -52,6 +59,8 @@ class VLLMEngine:
         use_gpu: bool,
     ) -> None:
         from vllm import LLM
+
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_drop_rotary_reload_warning)
 
         # vLLM CPU cannot rewind a request's seeded sampler after a partial (chunked) prefill ("CPU Generator does
         # not use offset"), and we seed every request: on CPU every prompt is prefilled whole.
