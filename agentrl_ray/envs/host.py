@@ -70,6 +70,7 @@ class EnvHost:
         self.tool_timeout_s = tool_timeout_s
         self.max_output_chars = max_output_chars
         self._executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="env-tool")
+        self._slots = asyncio.Semaphore(max_threads)
         self._open: dict[str, _Open] = {}
         self._counts: Counter[str] = Counter()
 
@@ -239,7 +240,10 @@ class EnvHost:
         """Call `fn(**arguments)` under the tool timeout: awaited if async, else in the thread pool."""
         if inspect.iscoroutinefunction(fn):
             return await asyncio.wait_for(fn(**arguments), self.tool_timeout_s)
-        return await asyncio.wait_for(self._in_thread(functools.partial(fn, **arguments)), self.tool_timeout_s)
+        # The timeout starts when a thread is free: waiting behind other rollouts' calls is not this tool's time.
+        # (A timed-out call keeps its thread until it returns; the slot is freed at once, so the pool may queue.)
+        async with self._slots:
+            return await asyncio.wait_for(self._in_thread(functools.partial(fn, **arguments)), self.tool_timeout_s)
 
     async def _in_thread(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
