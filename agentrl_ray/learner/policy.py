@@ -15,6 +15,8 @@ import torch
 from agentrl_ray.config import LearnerConfig, ModelConfig
 
 TRAINER_STATE = "trainer_state.pt"
+# DeepSpeed keeps a file named "latest" that names the tag folder: the tag must be another name.
+DEEPSPEED_TAG = "state"
 
 
 def lora_tensors(peft_model) -> list[tuple[str, torch.Tensor]]:
@@ -157,7 +159,7 @@ class Policy:
         """HF-format model (or LoRA adapter) + tokenizer + optimizer/trainer state, into `path`."""
         path.mkdir(parents=True, exist_ok=True)
         if self.engine is not None:
-            self.engine.save_checkpoint(str(path / "deepspeed"), tag="latest")
+            self.engine.save_checkpoint(str(path / "deepspeed"), tag=DEEPSPEED_TAG)
         if extra_state.get("rank", 0) != 0:
             return
         self.module.save_pretrained(path / ("adapter" if self.lora_scaling is not None else "model"))
@@ -186,7 +188,7 @@ class Policy:
                     f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}"
                 )
         if self.engine is not None:
-            self.engine.load_checkpoint(str(path / "deepspeed"), tag="latest", load_module_strict=False)
+            self.engine.load_checkpoint(str(path / "deepspeed"), tag=DEEPSPEED_TAG, load_module_strict=False)
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         return state

@@ -69,3 +69,32 @@ def test_steps_change_weights_then_resume_continues(local_ray, builtin_model_pat
     assert state["step"] == 3
     ckpt3 = _weights(run_dir / "checkpoint_000003" / "model")
     assert any(not torch.equal(ckpt2[k], ckpt3[k]) for k in ckpt3)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        ["learner.backend=deepspeed", "learner.zero_stage=2", "learner.num_workers=2"],
+        ["profile=lora", "learner.lora.r=4"],
+    ],
+    ids=["deepspeed-zero2-2-workers", "lora"],
+)
+def test_other_learner_setups_train(local_ray, builtin_model_path, tmp_path, variant):
+    """DeepSpeed ZeRO-2 over gloo with two learner ranks, and LoRA with adapter-only sync: real steps, new weights,
+    and a resume from their checkpoint (DeepSpeed's own optimizer shards, or the adapter)."""
+    overrides = [*SMALL, *variant, f"run.output_dir={tmp_path}", "run.name=v", "run.checkpoint_every=0"]
+    cfg = load_config(None, [*overrides, "run.steps=2"])
+    metrics = train(cfg)
+    assert metrics["samples"] == 2 * 4 * 4
+    resumed = train(load_config(None, [*overrides, "run.steps=3", "run.resume=true"]))
+    assert resumed["samples"] == 3 * 4 * 4
+    assert [r["step"] for r in _records(cfg.run_dir)] == [0, 1, 2, 3]
+    assert all(torch.isfinite(torch.tensor(r.get("loss/policy_loss", 0.0))) for r in _records(cfg.run_dir))
+    ckpt = cfg.run_dir / "checkpoint_000002"
+    if cfg.learner.lora.enabled:
+        adapter = load_file(str(ckpt / "adapter" / "adapter_model.safetensors"))
+        assert adapter and any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in adapter.items())
+    else:
+        base = _weights(__import__("pathlib").Path(builtin_model_path))
+        new = _weights(ckpt / "model")
+        assert sum(not torch.equal(base[k], new[k]) for k in new if k in base) > len(new) // 2
