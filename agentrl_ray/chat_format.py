@@ -11,6 +11,12 @@ Tokens in, tokens out: the rollout never re-renders a conversation. After the po
 
 which is exactly what the Qwen2.5 / hermes chat template renders for `role: tool` messages, so a model trained
 here behaves the same under `tokenizer.apply_chat_template` and under vLLM's hermes tool parser.
+
+A turn-based environment's observation becomes a plain user message, appended the same way:
+
+    \\n<|im_start|>user\\n                    template
+    {observation}                           env
+    <|im_end|>\\n<|im_start|>assistant\\n     template
 """
 
 from __future__ import annotations
@@ -32,6 +38,16 @@ def tool_response_segments(results: list[str]) -> list[tuple[str, Role]]:
         if text:
             segments.append((text, "env"))
         segments.append(("\n</tool_response>", "template"))
+    segments.append(("<|im_end|>\n<|im_start|>assistant\n", "template"))
+    return segments
+
+
+def user_turn_segments(text: str) -> list[tuple[str, Role]]:
+    """The text segments (with roles) of a user message that follows an assistant turn (which ended in <|im_end|>),
+    up to the next assistant header: what the template renders for `{"role": "user", "content": text}` there."""
+    segments: list[tuple[str, Role]] = [("\n<|im_start|>user\n", "template")]
+    if text:
+        segments.append((text, "env"))
     segments.append(("<|im_end|>\n<|im_start|>assistant\n", "template"))
     return segments
 

@@ -4,7 +4,7 @@ Each is validated on construction so a malformed trajectory fails where it was m
 
 Token roles, one 0/1 mask each, all as long as `token_ids`:
 - action: sampled by the policy (GRPO loss);
-- env: the tool's own output text (ECHO loss);
+- env: the tool's own output text, or a turn-based environment's observation (ECHO loss);
 - template: chat scaffolding around a tool result (no loss);
 - prompt tokens are those in none of the three masks (no loss).
 """
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-FINISH_REASONS = ("answer", "max_turns", "length", "error")
+# "answer": a tool episode's final answer; "done": a turn-based environment ended the episode (see rollout.agent_loop).
+FINISH_REASONS = ("answer", "done", "max_turns", "length", "error")
 
 
 @dataclass

@@ -1,30 +1,38 @@
-"""The multi-turn tool loop, tokens in and tokens out.
+"""The multi-turn loop, tokens in and tokens out, for tool environments and turn-based environments.
 
 One `Episode` per trajectory. Every turn, all live episodes are generated together (one batched engine call, so
-the engine sees the whole batch), their tool calls are sent to their own environment instances concurrently, and
-the tokenized tool results are appended with role tags. The conversation is never re-tokenized: the learner
-trains on exactly the ids the engine sampled, and the rollout logprobs line up with them one to one.
+the engine sees the whole batch), then each talks to its own environment instance, concurrently:
+- a tool environment runs the turn's tool calls; the tokenized tool results are appended with role tags;
+- a turn-based environment (one with `step`, see `envs.base`) gets the whole assistant turn through `call_turn`;
+  its observation is appended as the next user message (`chat_format.user_turn_segments`).
+The conversation is never re-tokenized: the learner trains on exactly the ids the engine sampled, and the rollout
+logprobs line up with them one to one.
 
-An episode ends with
+A tool episode ends with
 - "answer": the policy produced a turn without tool calls (its final answer);
 - "length": the token budget ran out (mid-turn, or no room for the tool result and another turn);
 - "max_turns": the policy still asked for tools after `max_turns` turns.
+A turn-based episode ends with "done" (the environment said so), "length", "max_turns" (the environment still
+wanted more after `max_turns` turns, every one of which it was shown) or "error" (its `step` failed: the env host
+ends the episode, and the failure counts as a tool error).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl_ray.chat_format import encode_segments, tool_response_segments
+from agentrl_ray.chat_format import Role, encode_segments, tool_response_segments, user_turn_segments
 from agentrl_ray.config import RolloutConfig
 from agentrl_ray.rollout.engine import VLLMEngine
 from agentrl_ray.rollout.tool_parser import parse_tool_calls
 
 PROMPT, ACTION, ENV, TEMPLATE = 0, 1, 2, 3
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -39,7 +47,7 @@ class Episode:
     logprobs: list[float] = field(default_factory=list)
     messages: list[dict[str, str]] = field(default_factory=list)  # completion in TRL conversational format
     finish_reason: str = ""
-    num_tool_calls: int = 0
+    num_tool_calls: int = 0  # turn-based environments: one per `step` call
     num_tool_errors: int = 0
 
     def __post_init__(self) -> None:
@@ -66,8 +74,9 @@ async def run_episodes(
     seed: int,
     stop_token_ids: list[int],
     timings: dict[str, float],
+    turn_based: bool = False,
 ) -> None:
-    """Run every episode to its end, in place."""
+    """Run every episode to its end, in place. `turn_based`: the environments define `step` instead of tools."""
     for turn in range(cfg.max_turns):
         live = [e for e in episodes if not e.done]
         if not live:
@@ -84,6 +93,7 @@ async def run_episodes(
         )
         timings["generate_s"] += time.perf_counter() - t0
 
+        last_turn = turn == cfg.max_turns - 1
         pending: list[tuple[Episode, Any]] = []
         for ep, gen in zip(live, gens):
             ep.append(gen.token_ids, ACTION, gen.logprobs)
@@ -92,32 +102,77 @@ async def run_episodes(
             ep.messages.append({"role": "assistant", "content": text})
             if gen.finish_reason == "length":
                 ep.finish_reason = "length"
-                continue
-            parsed = parse_tool_calls(text)
-            if not parsed.calls and not parsed.errors:
-                ep.finish_reason = "answer"
-                continue
-            if turn == cfg.max_turns - 1:
-                ep.finish_reason = "max_turns"
-                continue
-            ep.num_tool_calls += len(parsed.calls) + len(parsed.errors)
-            pending.append((ep, ep.env.call_tools.remote(ep.key, parsed.calls, parsed.errors)))
+            elif turn_based:
+                # Even on the last turn: the environment scores every reply, the last one included.
+                ep.num_tool_calls += 1
+                pending.append((ep, ep.env.call_turn.remote(ep.key, text)))
+            else:
+                ref = _start_tools(ep, text, last_turn)
+                if ref is not None:
+                    pending.append((ep, ref))
 
         t0 = time.perf_counter()
         results = await asyncio.gather(*(ref for _, ref in pending))
         timings["env_s"] += time.perf_counter() - t0
-        for (ep, _), tool_results in zip(pending, results):
-            ep.num_tool_errors += sum(r.error for r in tool_results)
-            for r in tool_results:
-                ep.messages.append({"role": "tool", "content": r.text})
-            ids, roles = encode_segments(tokenizer, tool_response_segments([r.text for r in tool_results]))
-            # Room is needed for the tool result plus at least one generated token.
-            if len(ep.ids) + len(ids) >= cfg.max_total_tokens:
-                ep.finish_reason = "length"
-                continue
-            ep.ids.extend(ids)
-            ep.roles.extend(ENV if r == "env" else TEMPLATE for r in roles)
-            ep.logprobs.extend([0.0] * len(ids))
+        for (ep, _), result in zip(pending, results):
+            if turn_based:
+                _after_step(ep, result, last_turn, tokenizer, cfg)
+            else:
+                _after_tools(ep, result, tokenizer, cfg)
     for ep in episodes:
         if not ep.done:
             ep.finish_reason = "max_turns"
+
+
+def _start_tools(ep: Episode, text: str, last_turn: bool) -> Any:
+    """Send the turn's tool calls to the episode's environment; None (and a finish reason) when there are none."""
+    parsed = parse_tool_calls(text)
+    if not parsed.calls and not parsed.errors:
+        ep.finish_reason = "answer"
+        return None
+    if last_turn:
+        ep.finish_reason = "max_turns"
+        return None
+    ep.num_tool_calls += len(parsed.calls) + len(parsed.errors)
+    return ep.env.call_tools.remote(ep.key, parsed.calls, parsed.errors)
+
+
+def _after_tools(ep: Episode, tool_results: list, tokenizer, cfg: RolloutConfig) -> None:
+    ep.num_tool_errors += sum(r.error for r in tool_results)
+    for r in tool_results:
+        ep.messages.append({"role": "tool", "content": r.text})
+    _append_segments(ep, tool_response_segments([r.text for r in tool_results]), tokenizer, cfg)
+
+
+def _after_step(ep: Episode, result, last_turn: bool, tokenizer, cfg: RolloutConfig) -> None:
+    """Apply a turn-based environment's answer (`envs.host.TurnResult`) to the episode."""
+    if result.error:
+        # The host ended the episode (the env's state is unknown after a failed step). The error text has no place
+        # in the conversation, which must end with the assistant's turn, so it goes to the log.
+        logger.warning("environment of %s: %s", ep.key, result.observation)
+        ep.num_tool_errors += 1
+        ep.finish_reason = "error"
+        return
+    if result.done:
+        ep.finish_reason = "done"
+        return
+    if last_turn:
+        ep.finish_reason = "max_turns"
+        return
+    observation = result.observation or ""  # None: the environment has nothing to say; the user turn is empty
+    if _append_segments(ep, user_turn_segments(observation), tokenizer, cfg):
+        # Only once its tokens are in: the completion's last message stays the assistant's (what rewards judge).
+        ep.messages.append({"role": "user", "content": observation})
+
+
+def _append_segments(ep: Episode, segments: list[tuple[str, Role]], tokenizer, cfg: RolloutConfig) -> bool:
+    """Append environment segments; False (finish reason "length") when they leave no room for another token."""
+    ids, roles = encode_segments(tokenizer, segments)
+    # Room is needed for the segments plus at least one generated token.
+    if len(ep.ids) + len(ids) >= cfg.max_total_tokens:
+        ep.finish_reason = "length"
+        return False
+    ep.ids.extend(ids)
+    ep.roles.extend(ENV if r == "env" else TEMPLATE for r in roles)
+    ep.logprobs.extend([0.0] * len(ids))
+    return True

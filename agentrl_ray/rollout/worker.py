@@ -1,9 +1,9 @@
 """RolloutWorker: a thin Ray actor owning one vLLM engine.
 
-It samples groups of trajectories with the multi-turn tool loop (environments live in separate env actors),
-scores them with the reward functions, and receives new weights after every learner step: a full state dict
-(object store or collective), or LoRA A/B tensors that it merges into its own copy of the base weights so the
-payload scales with the adapter, not the model.
+It samples groups of trajectories with the multi-turn loop (tool calls, or user turns for a turn-based environment;
+environments live in separate env actors), scores them with the reward functions, and receives new weights after
+every learner step: a full state dict (object store or collective), or LoRA A/B tensors that it merges into its own
+copy of the base weights so the payload scales with the adapter, not the model.
 """
 
 from __future__ import annotations
@@ -51,7 +51,10 @@ class RolloutWorker:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         if self.tokenizer.eos_token_id is None:
             raise ValueError(f"the tokenizer of {model_path} has no eos token: turns could never end")
-        self.tools = tool_schemas(load_env_class(env_cfg.name))
+        env_class = load_env_class(env_cfg.name)
+        self.tools = tool_schemas(env_class)
+        # Decided once from the class: a turn-based environment (it defines step) talks in user turns, not tools.
+        self.turn_based = callable(getattr(env_class, "step", None))
         self.reward_funcs = load_reward_functions(reward_cfg.functions)
         self.engine = VLLMEngine(
             model_path,
@@ -87,6 +90,7 @@ class RolloutWorker:
                 seed=seed,
                 stop_token_ids=[self.tokenizer.eos_token_id],
                 timings=timings,
+                turn_based=self.turn_based,
             )
             t0 = time.perf_counter()
             env_rewards = await self._gather(

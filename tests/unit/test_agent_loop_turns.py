@@ -1,0 +1,127 @@
+"""The multi-turn loop with turn-based environments (`step(text) -> (observation, reward, done)`): ids are exactly
+prompt + sampled + encoded user-turn segments, each tagged with its role, and the episode ends for the right reason.
+
+As in test_agent_loop (whose scripted engine and local env-host handle this reuses): the engine replays fixed turns,
+the environment is the real EnvHost with the real ScriptedUserEnv, called in-process, no Ray.
+"""
+
+import asyncio
+
+import pytest
+from test_agent_loop import LocalHandle, ScriptedEngine
+
+from agentrl_ray.chat_format import encode_segments, user_turn_segments
+from agentrl_ray.config import RolloutConfig
+from agentrl_ray.envs.host import EnvHost
+from agentrl_ray.rollout.agent_loop import ACTION, ENV, PROMPT, TEMPLATE, Episode, run_episodes
+
+SCRIPTED = "agentrl_ray.envs.conversation:ScriptedUserEnv"
+# Three assistant turns: the first must greet, the second anything, the third must name Paris.
+ROW = {"expected": ["hello", None, "paris"], "user_turns": ["Tell me something.", "Capital of France?"]}
+PROMPT_TEXT = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
+
+
+class QuietOrFailingEnv:
+    """Says nothing (observation None) and never ends, or fails on its first step, as the row asks."""
+
+    def reset(self, **row):
+        self.fail = row["fail"]
+
+    def step(self, text):
+        if self.fail:
+            raise RuntimeError("the simulator crashed")
+        return None, 0.25, False
+
+
+@pytest.fixture(scope="module")
+def tok(builtin_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(builtin_model_path)
+
+
+def _run(tok, turns, cfg, env_path=SCRIPTED, row=ROW):
+    host = EnvHost(tool_timeout_s=5)
+    prompt = tok.encode(PROMPT_TEXT, add_special_tokens=False)
+
+    async def go():
+        await host.create("k", env_path, {}, row)
+        ep = Episode("k", "p", 0, LocalHandle(host), list(prompt), prompt_len=len(prompt))
+        await run_episodes(
+            [ep],
+            ScriptedEngine(tok, turns),
+            tok,
+            cfg,
+            temperature=1.0,
+            seed=0,
+            stop_token_ids=[tok.eos_token_id],
+            timings={"generate_s": 0.0, "env_s": 0.0},
+            turn_based=True,
+        )
+        return ep, await host.env_reward("k", ep.messages[-1]["content"])
+
+    return prompt, *asyncio.run(go())
+
+
+def test_observations_become_user_turns_with_exact_tokens_and_roles(tok):
+    turns = ["Hello there!<|im_end|>", "The sky is blue.<|im_end|>", "It is Lyon.<|im_end|>"]
+    cfg = RolloutConfig(max_turns=5, max_tokens_per_turn=64, max_total_tokens=400)
+    prompt, ep, reward = _run(tok, turns, cfg)
+    sampled = [tok.encode(t, add_special_tokens=False) for t in turns]
+    obs = [encode_segments(tok, user_turn_segments(u)) for u in ROW["user_turns"]]
+    assert ep.ids == prompt + sampled[0] + obs[0][0] + sampled[1] + obs[1][0] + sampled[2]
+
+    def env_roles(roles):
+        return [ENV if r == "env" else TEMPLATE for r in roles]
+
+    assert ep.roles == (
+        [PROMPT] * len(prompt)
+        + [ACTION] * len(sampled[0])
+        + env_roles(obs[0][1])
+        + [ACTION] * len(sampled[1])
+        + env_roles(obs[1][1])
+        + [ACTION] * len(sampled[2])
+    )
+    assert tok.decode([i for i, r in zip(ep.ids, ep.roles) if r == ENV]) == "".join(ROW["user_turns"])
+    assert ep.finish_reason == "done"
+    assert [m["role"] for m in ep.messages] == ["assistant", "user", "assistant", "user", "assistant"]
+    assert ep.messages[1]["content"] == "Tell me something." and ep.messages[-1]["content"] == "It is Lyon."
+    assert ep.num_tool_calls == 3 and ep.num_tool_errors == 0  # one `step` per assistant turn
+    assert reward == 2 / 3  # sum of the steps: 1/3 (greets) + 1/3 (anything goes) + 0 (Lyon is not Paris)
+    after_obs = len(prompt) + len(sampled[0]) + len(obs[0][0])
+    assert ep.logprobs[after_obs - 1] == 0.0 and ep.logprobs[after_obs] == -0.5
+
+
+def test_budgets_end_turn_based_episodes(tok):
+    turns = ["Hello there!<|im_end|>"]
+    # The environment still wants a third turn: every turn was shown to it, the last one's reward counts.
+    _, ep, reward = _run(tok, turns, RolloutConfig(max_turns=2, max_tokens_per_turn=64, max_total_tokens=400))
+    assert ep.finish_reason == "max_turns" and ep.num_tool_calls == 2
+    assert [m["role"] for m in ep.messages] == ["assistant", "user", "assistant"]
+    assert reward == 2 / 3
+    # A turn cut by the per-turn budget is never sent to the environment.
+    _, ep, reward = _run(tok, turns, RolloutConfig(max_turns=2, max_tokens_per_turn=3, max_total_tokens=400))
+    assert ep.finish_reason == "length" and ep.num_tool_calls == 0 and ep.roles.count(ACTION) == 3
+    assert reward is None  # no step ran: the environment has no reward to give
+    # No room for the observation and one more token.
+    n_prompt = len(tok.encode(PROMPT_TEXT, add_special_tokens=False))
+    n_turn = len(tok.encode(turns[0], add_special_tokens=False))
+    cfg = RolloutConfig(max_turns=3, max_tokens_per_turn=n_turn, max_total_tokens=n_prompt + n_turn + 5)
+    _, ep, _ = _run(tok, turns, cfg)
+    assert ep.finish_reason == "length" and ep.num_tool_calls == 1 and ep.roles.count(ENV) == 0
+    assert [m["role"] for m in ep.messages] == ["assistant"]
+
+
+def test_silent_observation_and_failing_step(tok):
+    cfg = RolloutConfig(max_turns=3, max_tokens_per_turn=64, max_total_tokens=400)
+    path = f"{__name__}:QuietOrFailingEnv"
+    # Observation None: an empty user turn (template tokens only), and the episode goes on.
+    prompt, ep, reward = _run(tok, ["Hi.<|im_end|>"], cfg, path, {"fail": False})
+    turn = tok.encode("Hi.<|im_end|>", add_special_tokens=False)
+    empty_user = encode_segments(tok, user_turn_segments(""))[0]
+    assert ep.ids == prompt + (turn + empty_user) * 2 + turn
+    assert ep.roles.count(ENV) == 0 and ep.finish_reason == "max_turns" and reward == 0.75
+    # A failing step ends the episode and counts as a tool error; the conversation still ends with the assistant.
+    _, ep, reward = _run(tok, ["Hi.<|im_end|>"], cfg, path, {"fail": True})
+    assert ep.finish_reason == "error" and (ep.num_tool_calls, ep.num_tool_errors) == (1, 1)
+    assert [m["role"] for m in ep.messages] == ["assistant"] and reward is None
