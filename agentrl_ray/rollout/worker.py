@@ -94,7 +94,7 @@ class RolloutWorker:
             )
             t0 = time.perf_counter()
             env_rewards = await self._gather(
-                [e.env.env_reward.remote(e.key, e.messages[-1]["content"]) for e in episodes]
+                [e.env.env_reward.remote(e.key, _last_assistant_text(e.messages)) for e in episodes]
             )
             expanded = [row for row in rows for _ in range(group_size)]
             columns = {k: [r.get(k) for r in expanded] for k in expanded[0]}
@@ -117,9 +117,13 @@ class RolloutWorker:
 
     async def _start_episodes(self, rows: list[dict[str, Any]], group_size: int, seed: int) -> list[Episode]:
         keys, hosts, refs = [], [], []
+        seen: set[str] = set()
         for row in rows:
             for j in range(group_size):
                 key = f"w{self.index}-s{seed}-{row['id']}-{j}"
+                while key in seen:  # the same row twice in one batch (a window across an epoch boundary)
+                    key += "+"
+                seen.add(key)
                 host = self.env_hosts[zlib.crc32(key.encode()) % len(self.env_hosts)]
                 keys.append(key)
                 hosts.append(host)
@@ -234,3 +238,9 @@ class RolloutWorker:
             prompts, [max_tokens] * len(prompts), temperature=0.0, top_p=1.0, stop_token_ids=[], ignore_eos=True
         )
         return [(g.token_ids, g.logprobs) for g in gens]
+
+
+def _last_assistant_text(messages: list[dict[str, str]]) -> str:
+    """What an env's reward(completion) judges: the last assistant turn (a budget can end a rollout after tool
+    results, so the last message is not always the assistant's)."""
+    return next((m["content"] for m in reversed(messages) if m["role"] == "assistant"), "")

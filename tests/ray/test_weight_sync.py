@@ -124,3 +124,11 @@ def test_large_seeded_batch_is_scheduled_over_several_engine_steps(local_ray, bu
     trajs = [t for g in groups for t in g.trajectories]
     assert len(trajs) == 300
     assert all(t.finish_reason in ("answer", "length", "max_turns") and sum(t.action_mask) > 0 for t in trajs)
+
+
+def test_the_same_row_twice_in_one_batch(setup):
+    """A prompt window that crosses an epoch boundary can hold a row twice: each copy gets its own environments."""
+    row = {"id": "dup", "prompt": "What is 12 + 30?", "answer": "42"}
+    groups, _ = setup[1].sample([row, row], group_size=2, temperature=1.0, seed=4)
+    assert [len(g.trajectories) for g in groups] == [2, 2]
+    assert all(g.prompt_id == "dup" for g in groups)
