@@ -13,6 +13,7 @@ import json
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,11 +34,12 @@ def _call(expression: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(builtin_model_path):
+    """The session's model (built from scratch on a clean checkout, as in CI): one build per test run."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()
-    path = ensure_builtin_model(tmp_path_factory.mktemp("cache"))
+    path = ensure_builtin_model(Path(builtin_model_path).parent.parent)
     build_s = time.perf_counter() - start
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
