@@ -269,8 +269,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             log.print_step(done, metrics)
         if (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0) or done == cfg.run.steps:
             save_checkpoint(policy, tokenizer, {"step": done, "samples": samples}, rank, _scalars(metrics))
-        else:
-            ray.train.report(_scalars(metrics))
+        # No report on the other steps: Ray Train's controller takes one report per poll, at most every
+        # RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s), from a queue of one, so a report every step held every step to
+        # >= 2 s (docs/benchmarks.md). Per-step metrics go to metrics.jsonl, wandb and the console on rank 0.
     if rank == 0:
         log.close()
         if cfg.run.plot and log.path.exists():
