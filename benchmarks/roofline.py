@@ -1,0 +1,206 @@
+"""How far a training step is from what this machine's CPU could do: a roofline for generation and the learner.
+
+    export AGENTRL_CACHE=$PWD/.cache/agentrl_ray
+    python benchmarks/roofline.py                                  # built-in model, runs/calculator/metrics.jsonl
+    python benchmarks/roofline.py --run-dir runs/bench/throughput  # another run's measured step
+    python benchmarks/roofline.py --model DIR --samples 128 --tokens 4500 --generate-s 0.5 --learner-s 0.7
+
+1. Measures, with torch on CPU using every core: GEMM throughput in float32 and bfloat16 for a large square GEMM and
+   for decode-shaped GEMMs (64 rows, i.e. 64 sequences decoding together, times the model's hidden -> intermediate
+   projection, and the same at hidden 2048 for scale), and memory bandwidth from a large tensor copy.
+2. From the model's config, the lower bound of each phase of one training step:
+   - generation (decode): 2 * params FLOPs per token (+ attention over the context), and per decode iteration the
+     weights read once plus every sequence's KV cache; the iteration count is at least the mean sampled tokens per
+     trajectory (all sequences decode in lock step), the best case for the bytes bound;
+   - learner: 6 * params FLOPs per trained token (forward + backward, + attention), with AdamW's reads and writes.
+   A phase's bound is the larger of its FLOP time (at the large-GEMM rate) and its byte time (at the copy bandwidth).
+3. Prints each phase's measured time (the run's mean over steps 2..N), its bound and the fraction bound/measured.
+
+Read the fractions with the model size in mind: the built-in model has 0.44M parameters (1.8 MB in float32, which
+sits in the CPU's cache), so a step is dominated by per-call overhead (Python, kernel launches, vLLM scheduling,
+tokenization, Ray), not by FLOPs or bytes; the output says how far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def best_time(fn, *, min_s: float = 0.5, warmup: int = 2) -> float:
+    """Fastest of repeated calls (seconds per call), running for at least `min_s`: the machine is shared."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < min_s or len(times) < 3:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def gemm_flops(m: int, k: int, n: int, dtype: torch.dtype) -> float:
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    return 2 * m * k * n / best_time(lambda: torch.mm(a, b))
+
+
+def copy_bandwidth(mib: int = 512) -> float:
+    """Bytes per second moved by a large copy (each byte read once and written once)."""
+    src = torch.empty(mib * 2**20 // 4, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / best_time(lambda: dst.copy_(src), min_s=1.0)
+
+
+def measure_machine(hidden: int, intermediate: int) -> dict[str, float]:
+    out = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        out[f"gemm_2048_{name}_gflops"] = gemm_flops(2048, 2048, 2048, dtype) / 1e9
+        out[f"gemm_decode_64x{hidden}x{intermediate}_{name}_gflops"] = gemm_flops(64, hidden, intermediate, dtype) / 1e9
+        out[f"gemm_decode_64x2048x2048_{name}_gflops"] = gemm_flops(64, 2048, 2048, dtype) / 1e9
+    out["copy_gb_per_s"] = copy_bandwidth() / 1e9
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- the model
+
+
+def model_shape(path: str) -> dict[str, float]:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return {
+        "params": sum(p.numel() for p in model.parameters()),  # tied embeddings counted once (the lm_head matmul)
+        "layers": config.num_hidden_layers,
+        "hidden": config.hidden_size,
+        "intermediate": config.intermediate_size,
+        "attn_dim": config.num_attention_heads * head_dim,  # query width: QK^T and AV cost per context position
+        "kv_dim": config.num_key_value_heads * head_dim,
+        "vocab": config.vocab_size,
+    }
+
+
+def measured_step(run_dir: Path) -> dict[str, float]:
+    """Mean of steps 2..N of a run: phase times and token counts (prompt lengths from the built-in task's template)."""
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in records if "time/step_s" in r][1:]
+    if not steps:
+        raise SystemExit(f"{run_dir}/metrics.jsonl has fewer than 2 training steps")
+    cfg = json.loads((run_dir / "config.json").read_text())
+    samples = cfg["rollout"]["prompts_per_step"] * cfg["rollout"]["group_size"]
+    mean = lambda k: statistics.mean(r[k] for r in steps)  # noqa: E731
+    return {
+        "steps": len(steps),
+        "samples": samples,
+        "sampled_tokens": mean("rollout/sampled_tokens"),
+        "completion_tokens": samples * mean("rollout/mean_length"),  # sampled + tool-result tokens
+        "step_s": mean("time/step_s"),  # the trainer's own step time
+        "generate_s": mean("time/generate_s"),
+        "learner_s": mean("time/learner_s"),
+    }
+
+
+def bounds(m: dict[str, float], step: dict[str, float], hw: dict[str, float], prompt_len: float) -> dict[str, dict]:
+    """Lower-bound seconds of generation and of the learner update for one step (4-byte float32 weights)."""
+    peak = hw["gemm_2048_fp32_gflops"] * 1e9
+    bw = hw["copy_gb_per_s"] * 1e9
+    n, p, b = step["samples"], m["params"], 4
+    per_traj = step["completion_tokens"] / n
+    seq = prompt_len + per_traj  # tokens per trajectory
+    # Generation: prefill the prompts and the tool results (prefix caching spares the rest of a multi-turn history),
+    # decode the sampled tokens; causal attention reads on average half the context.
+    gen_tokens = n * prompt_len + step["completion_tokens"]
+    attn_fwd = 4 * m["layers"] * m["attn_dim"] * (seq / 2)  # FLOPs per token for QK^T and AV
+    gen_flops = gen_tokens * (2 * p + attn_fwd)
+    iterations = step["sampled_tokens"] / n  # lock-step decode: at least the mean sampled length
+    kv_bytes = n * iterations * (seq / 2) * m["layers"] * 2 * m["kv_dim"] * b
+    gen_bytes = iterations * p * b + kv_bytes
+    # Learner: forward + backward over every real token; AdamW reads weights, grads, 2 moments and writes 3 of them.
+    train_tokens = n * seq
+    learn_flops = train_tokens * (6 * p + 3 * attn_fwd)
+    learn_bytes = 7 * p * b + train_tokens * m["layers"] * m["hidden"] * b * 10  # + a few activations per layer
+    out = {}
+    for name, flops, nbytes, measured in (
+        ("generation", gen_flops, gen_bytes, step["generate_s"]),
+        ("learner", learn_flops, learn_bytes, step["learner_s"]),
+        ("whole step", gen_flops + learn_flops, gen_bytes + learn_bytes, step["step_s"]),
+    ):
+        bound = max(flops / peak, nbytes / bw)
+        out[name] = {
+            "gflop": flops / 1e9,
+            "gbyte": nbytes / 1e9,
+            "flop_bound_s": flops / peak,
+            "byte_bound_s": nbytes / bw,
+            "measured_s": measured,
+            "fraction_of_roofline": bound / measured,
+        }
+    # Per decode iteration: what the engine spends beyond the arithmetic is per-iteration overhead.
+    out["generation"]["decode_iterations_at_least"] = iterations
+    out["generation"]["measured_s_per_iteration_at_most"] = step["generate_s"] / iterations
+    out["generation"]["flop_bound_s_per_iteration"] = gen_flops / peak / iterations
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="HF model folder (default: the built-in model)")
+    p.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "calculator")
+    p.add_argument("--prompt-len", type=float, default=58.8, help="mean prompt tokens (built-in task: 58.8)")
+    for name in ("samples", "tokens", "completion-tokens", "generate-s", "learner-s", "step-s"):
+        p.add_argument(f"--{name}", type=float, help="use instead of the run's metrics (give them all)")
+    args = p.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    if args.model is None:
+        from agentrl_ray.builtin_model import ensure_builtin_model
+
+        args.model = str(ensure_builtin_model())
+    m = model_shape(args.model)
+    if args.tokens is not None:
+        step = {
+            "samples": args.samples,
+            "sampled_tokens": args.tokens,
+            "completion_tokens": args.completion_tokens or args.tokens,
+            "generate_s": args.generate_s,
+            "learner_s": args.learner_s,
+            "step_s": args.step_s or args.generate_s + args.learner_s,
+            "source": "command line",
+        }
+    else:
+        step = {**measured_step(args.run_dir), "source": str(args.run_dir)}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
+    hw = measure_machine(m["hidden"], m["intermediate"])
+    for k, v in hw.items():
+        print(f"  {k:<40} {v:10.1f}")
+    print(f"model: {m['params'] / 1e6:.2f}M params ({m['params'] * 4 / 2**20:.1f} MiB fp32), {m}")
+    print(f"step ({step['source']}): {json.dumps({k: round(v, 2) for k, v in step.items() if k != 'source'})}")
+    result = bounds(m, step, hw, args.prompt_len)
+    print(f"{'phase':<12}{'GFLOP':>9}{'GB':>9}{'FLOP bound':>12}{'byte bound':>12}{'measured':>10}{'fraction':>10}")
+    for name, r in result.items():
+        print(
+            f"{name:<12}{r['gflop']:9.2f}{r['gbyte']:9.3f}{r['flop_bound_s']:11.4f}s{r['byte_bound_s']:11.4f}s"
+            f"{r['measured_s']:9.3f}s{100 * r['fraction_of_roofline']:9.2f}%"
+        )
+    g = result["generation"]
+    print(
+        f"generation: >= {g['decode_iterations_at_least']:.0f} decode iterations per step, so <= "
+        f"{1e3 * g['measured_s_per_iteration_at_most']:.1f} ms measured per iteration against a FLOP bound of "
+        f"{1e3 * g['flop_bound_s_per_iteration']:.2f} ms"
+    )
+    dest = ROOT / "docs" / "benchmarks" / "roofline.json"
+    dest.write_text(json.dumps({"machine": hw, "model": m, "step": step, "bounds": result}, indent=2))
+    print(f"wrote {dest}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""One TRL `GRPOTrainer` run on the built-in model and arithmetic task, timed step by step (TRL's side of
+`benchmarks/trl_side_by_side.py`, which starts this script as a subprocess and watches its memory).
+
+    export AGENTRL_CACHE=$PWD/.cache/agentrl_ray
+    python benchmarks/trl_grpo_run.py --task tool --steps 3 --prompts 4 --group 4 --out /tmp/trl-run
+    python benchmarks/trl_grpo_run.py --task single --steps 3 --prompts 4 --group 4 --out /tmp/trl-run
+
+CPU only (`use_cpu=True`, generation through `transformers`; see docs/benchmarks.md for why TRL's vLLM modes do not
+run here). The run sees exactly our side's prompts, in our side's order: the dataset holds the rows that
+`agentrl_ray.learner.loop.PromptSampler` draws for steps 0..N-1, and TRL's shuffling is off.
+
+- task `single`: the prompt is the rendered chat-template text (calculator listed in the system turn, like ours),
+  given as a plain string, so TRL runs no tool machinery at all; one assistant turn is sampled.
+- task `tool`: conversational prompts with `environment_factory=CalculatorEnv` (our env class); TRL renders the
+  system turn from the env's method, executes calls, and allows `max_turns - 1` tool rounds.
+
+Writes `<out>/result.json` (absolute timestamps of train begin and of each step end, per-step rollout time and token
+counts) and the final model to `<out>/model`; `<out>/steps.jsonl` gets a line as each step ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory is marked experimental
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# TRL's generation backends, as GRPOConfig fields.
+GENERATION = {
+    "transformers": {},
+    "continuous_batching": {"use_transformers_continuous_batching": True},
+    "vllm_colocate": {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.1},
+    "vllm_server": {"use_vllm": True, "vllm_mode": "server", "vllm_server_timeout": 30},
+}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=["single", "tool"], required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--prompts", type=int, required=True, help="prompts per step")
+    p.add_argument("--group", type=int, required=True, help="completions per prompt")
+    p.add_argument("--max-completion", type=int, default=64, help="tokens per completion, tool results included")
+    p.add_argument("--max-turns", type=int, default=3, help="task tool: assistant turns (tool rounds + 1)")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--micro-batch", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = every core, like our side's default)")
+    p.add_argument(
+        "--generation",
+        choices=list(GENERATION),
+        default="transformers",
+        help="TRL's generation backend (only `transformers` and `continuous_batching` run on this CPU machine)",
+    )
+    p.add_argument("--out", type=Path, required=True)
+    return p.parse_args()
+
+
+def step_rows(steps: int, per_step: int, seed: int) -> list[dict]:
+    """The prompts our learner draws for steps 0..steps-1, in order (same train rows, same sampler)."""
+    from agentrl_ray.learner.loop import PromptSampler
+    from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
+
+    sampler = PromptSampler(make_arithmetic_rows(4000, seed, "train"), per_step, seed)  # data.train_size=4000
+    return [row for s in range(steps) for row in sampler.for_step(s)]
+
+
+def decoded_answer_match(tokenizer):
+    """Our `answer_match` on the completion decoded with special tokens kept, as our rollout decodes it.
+
+    TRL hands plain-string completions over with special tokens stripped, which would turn a `<tool_call>` block into
+    bare JSON whose last number `answer_match` might read as an answer.
+    """
+    from agentrl_ray.rewards.builtin import answer_match
+
+    def reward(completions, completion_ids, answer, **kwargs):
+        eos = tokenizer.eos_token
+        texts = [tokenizer.decode(ids, skip_special_tokens=False).removesuffix(eos) for ids in completion_ids]
+        return answer_match(texts, answer)
+
+    reward.__name__ = "answer_match"
+    return reward
+
+
+def timed_trainer_class():
+    """GRPOTrainer that records, per generation batch, its wall time and the tokens it produced."""
+    from trl import GRPOTrainer
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        rollouts: list[dict] = []
+
+        def _generate_and_score_completions(self, inputs):
+            t0 = time.perf_counter()
+            out = super()._generate_and_score_completions(inputs)
+            completion = out["completion_mask"]  # (B, C): 1 on completion tokens, tool results included
+            sampled = completion * out["tool_mask"] if "tool_mask" in out else completion
+            self.rollouts.append(
+                {
+                    "rollout_s": time.perf_counter() - t0,
+                    "samples": int(completion.shape[0]),
+                    "sampled_tokens": int(sampled.sum()),
+                    "trained_tokens": int(out["prompt_mask"].sum() + completion.sum()),
+                }
+            )
+            return out
+
+    return TimedGRPOTrainer
+
+
+def step_clock(progress: Path):
+    """Wall-clock timestamps of train begin and of every optimizer step's end; each step end is also appended to
+    `progress` at once, so the parent can read the process tree's CPU time at step boundaries."""
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        def __init__(self) -> None:
+            self.train_begin = 0.0
+            self.step_ends: list[float] = []
+            self.rewards: list[float] = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.train_begin = time.time()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.step_ends.append(time.time())
+            with progress.open("a") as f:
+                f.write(json.dumps({"step": state.global_step, "time": self.step_ends[-1]}) + "\n")
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "reward" in logs:
+                self.rewards.append(float(logs["reward"]))
+
+    return StepClock()
+
+
+def build_trainer(args: argparse.Namespace, model_path: Path, clock):
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+    from trl.chat_template_utils import qwen3_template
+
+    from agentrl_ray.builtin_model import calculator_tools
+    from agentrl_ray.envs.calculator import CalculatorEnv
+    from agentrl_ray.rewards.builtin import answer_match
+
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    # Our template is not one TRL recognises; its tool calls are Qwen/hermes blocks, which this parser reads.
+    tokenizer.response_template = qwen3_template
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    rows = step_rows(args.steps, args.prompts, args.seed)
+    extra: dict = {}
+    if args.task == "single":
+        tools = calculator_tools()
+        for row in rows:
+            row["prompt"] = tokenizer.apply_chat_template(
+                row["prompt"], tools=tools, add_generation_prompt=True, tokenize=False
+            )
+        reward = decoded_answer_match(tokenizer)
+    else:
+        extra = {"environment_factory": CalculatorEnv}
+        reward = answer_match
+    samples = args.prompts * args.group
+    micro = min(args.micro_batch, samples)
+    config = GRPOConfig(
+        output_dir=str(args.out / "trainer"),
+        use_cpu=True,
+        bf16=False,  # our side trains in float32 on CPU
+        gradient_checkpointing=False,  # TRL's default; costs a second forward and our side does not checkpoint
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=samples // micro,  # one optimizer step per generation batch (on-policy)
+        num_generations=args.group,
+        max_completion_length=args.max_completion,
+        max_tool_calling_iterations=args.max_turns - 1,
+        shuffle_dataset=False,
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=0.9,
+        adam_beta2=0.99,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",  # token mean over the whole batch = our algorithm.loss_aggregation=token_mean
+        temperature=1.0,
+        top_p=1.0,
+        seed=args.seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **GENERATION[args.generation],
+    )
+    trainer = timed_trainer_class()(
+        model=model,
+        reward_funcs=[reward],
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[clock],
+        **extra,
+    )
+    return trainer, tokenizer, rows
+
+
+def prompt_ids_match_ours(trainer, tokenizer, rows, task: str) -> bool:
+    """Does TRL build the same prompt ids as our rollout worker (`RolloutWorker._prompt_ids`) for the first row?"""
+    from agentrl_ray.builtin_model import calculator_tools
+    from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
+
+    first = next(r for r in make_arithmetic_rows(4000, 0, "train") if r["id"] == rows[0]["id"])
+    ours = tokenizer.apply_chat_template(
+        first["prompt"], tools=calculator_tools(), add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    if task == "single":
+        theirs = tokenizer(text=rows[0]["prompt"])["input_ids"]
+    else:
+        trainer._batch_environments = [None]
+        theirs = trainer._tokenize_prompts([rows[0]["prompt"]])[0][0]
+    return list(theirs) == list(ours)
+
+
+def main() -> None:
+    args = parse_args()
+    from agentrl_ray.builtin_model import ensure_builtin_model
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "steps.jsonl").unlink(missing_ok=True)
+    clock = step_clock(args.out / "steps.jsonl")
+    trainer, tokenizer, rows = build_trainer(args, ensure_builtin_model(), clock)
+    same_prompt = prompt_ids_match_ours(trainer, tokenizer, rows, args.task)
+    trainer.train()
+    trainer.save_model(str(args.out / "model"))
+    tokenizer.save_pretrained(str(args.out / "model"))
+    result = {
+        "train_begin": clock.train_begin,
+        "step_ends": clock.step_ends,
+        "rollouts": trainer.rollouts,
+        "rewards": clock.rewards,
+        "prompt_ids_identical": same_prompt,
+        "model": str(args.out / "model"),
+    }
+    (args.out / "result.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
