@@ -2,7 +2,8 @@
 progress file gains lines (one line per finished training step). Used by benchmarks/trl_side_by_side.py.
 
     from process_tree import run_watched
-    trace = run_watched(["python", "-m", "agentrl_ray", "train", ...], Path("runs/x/metrics.jsonl"), Path("x.log"))
+    trace = run_watched(["python", "-m", "agentrl_ray", "train", ...], Path("runs/x/metrics.jsonl"), Path("x.log"),
+                        cwd=Path.cwd())
 
 Memory: RSS from /proc/<pid>/statm of the process and all its descendants (for our side: the driver, Ray's GCS,
 raylet, dashboard and every actor), every 0.5 s. RSS summed over a tree counts shared pages (libtorch, the object

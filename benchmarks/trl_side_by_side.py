@@ -1,12 +1,12 @@
 """TRL 1.16 `GRPOTrainer` and agentrl_ray side by side, on identical work, in one invocation.
 
     export AGENTRL_CACHE=$PWD/.cache/agentrl_ray
-    python benchmarks/trl_side_by_side.py --repeats 3      # 3 repeats x 2 tasks x 2 trainers, ~20 min on 2 cores
+    python benchmarks/trl_side_by_side.py --repeats 3      # 3 repeats x 2 tasks x 2 trainers, ~10 min on 2 idle cores
     python benchmarks/trl_side_by_side.py --threads 1 --out docs/benchmarks/trl_side_by_side-1thread.json
     python benchmarks/trl_side_by_side.py --steps 3 --prompts 4 --group 4 --repeats 1 --no-write   # smoke run
     python benchmarks/trl_side_by_side.py --report docs/benchmarks/trl_side_by_side.json   # tables again, no runs
 
-CPU only: TRL generates with `transformers` (its vLLM modes need CUDA here, see docs/benchmarks.md); our side runs
+CPU only: TRL generates with `transformers` (its vLLM modes do not run here, see docs/benchmarks.md); our side runs
 `python -m agentrl_ray train examples/calculator/config.yaml` with overrides (vLLM CPU rollouts, Ray Train learner).
 Both sides get the built-in model, the same arithmetic prompts in the same order, the same group size, prompts per
 step, completion budget, learning rate, optimizer and clip settings, and the same number of steps, on two tasks:
