@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
             metavar="CONFIG.yaml | key=value",
             help="an optional YAML config file, then dotted overrides such as learner.lr=1e-5",
         )
-    sub.add_parser("build-model", help="build and cache the built-in default model")
+    build = sub.add_parser("build-model", help="build and cache a built-in model (default: the tiny default model)")
+    build.add_argument("--size", default="tiny", choices=["tiny", "small"], help="small: ~25M parameters")
     return p
 
 
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build-model":
         from agentrl_ray.builtin_model import ensure_builtin_model
 
-        print(ensure_builtin_model())
+        print(ensure_builtin_model(size=args.size))
         return 0
     from agentrl_ray.config import ConfigError, load_config
 

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import yaml
 
+BUILTIN_MODELS = ("tiny", "small")  # the sizes of builtin_model.RECIPES
+
 
 class ConfigError(ValueError):
     """A config that cannot run: the message names the key and the problem."""
@@ -24,8 +26,9 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    # "builtin:tiny" builds (once, then cached) the project's own small Qwen2-architecture chat model.
-    # Anything else is a local Hugging Face model folder.
+    # "builtin:tiny" builds (once, then cached) the project's own small Qwen2-architecture chat model (0.44M
+    # parameters); "builtin:small" its ~25M-parameter variant for benchmarks. Anything else is a local Hugging Face
+    # model folder.
     path: str = "builtin:tiny"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
@@ -60,8 +63,8 @@ class RolloutConfig:
     num_gpus_per_worker: float = 0.0
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = True
-    # CPU threads of the engine; 0 = every core of the node (rollout and learning alternate on-policy, so each
-    # phase may use the whole machine).
+    # CPU threads of each engine; 0 = the node's cores shared among the engines (on-policy, rollout and learning
+    # alternate, so each phase may use the whole node; with sync.max_staleness=1 the engines get half of it).
     num_threads: int = 0
 
 
@@ -143,13 +146,15 @@ class LearnerConfig:
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
     micro_batch_size: int = 32
-    torch_threads: int = 0  # 0 = every core of the node (see rollout.num_threads)
+    torch_threads: int = 0  # 0 = every core of the node, half with sync.max_staleness=1 (see rollout.num_threads)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
 class SyncConfig:
     transport: Literal["object_store", "collective"] = "object_store"
+    # 0: on-policy, every step samples with the newest weights. 1: step t+1's rollout runs while the learner trains
+    # on step t (one version behind; the PPO ratio against the sampling logprobs corrects for it).
     max_staleness: int = 0
 
 
@@ -328,6 +333,12 @@ def validate(cfg: Config) -> None:
         if not ok:
             raise ConfigError(msg)
 
+    if cfg.model.path.startswith("builtin:"):
+        need(
+            cfg.model.path.removeprefix("builtin:") in BUILTIN_MODELS,
+            f"model.path {cfg.model.path!r}: the built-in models are "
+            + ", ".join(f"builtin:{m}" for m in BUILTIN_MODELS),
+        )
     need(r.num_workers >= 1, "rollout.num_workers must be at least 1")
     need(r.group_size >= 2, "rollout.group_size must be at least 2: GRPO normalizes rewards within a group")
     need(r.prompts_per_step >= 1, "rollout.prompts_per_step must be at least 1")
@@ -377,7 +388,10 @@ def validate(cfg: Config) -> None:
         cfg.profile != "gpu" or lr.use_gpu,
         "profile=gpu needs learner.use_gpu=true (the gpu profile trains on GPUs)",
     )
-    need(s.max_staleness >= 0, "sync.max_staleness must be >= 0")
+    need(
+        s.max_staleness in (0, 1),
+        "sync.max_staleness must be 0 (on-policy) or 1 (roll out step t+1 while training on step t)",
+    )
     need(
         not (lr.lora.enabled and s.transport == "collective"),
         "sync.transport=collective ships full tensors; with learner.lora.enabled use sync.transport=object_store "

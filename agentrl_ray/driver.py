@@ -30,15 +30,19 @@ QUIET_ENV = {
 
 
 def resolve_model(path: str) -> str:
-    if path == "builtin:tiny":
-        from agentrl_ray.builtin_model import ensure_builtin_model
+    if path.startswith("builtin:"):
+        from agentrl_ray.builtin_model import RECIPES, ensure_builtin_model
 
-        return str(ensure_builtin_model())
+        size = path.removeprefix("builtin:")
+        if size not in RECIPES:
+            known = ", ".join(f"builtin:{s}" for s in RECIPES)
+            raise ConfigError(f"model.path {path!r}: the built-in models are {known}")
+        return str(ensure_builtin_model(size=size))
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
         raise ConfigError(
             f"model.path {path!r} is not a Hugging Face model folder (no config.json); "
-            "use builtin:tiny or a local folder made by save_pretrained"
+            "use builtin:tiny, builtin:small or a local folder made by save_pretrained"
         )
     return str(folder.resolve())
 

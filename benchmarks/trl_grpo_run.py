@@ -57,6 +57,7 @@ def parse_args() -> argparse.Namespace:
         default="transformers",
         help="TRL's generation backend (only `transformers` and `continuous_batching` run on this CPU machine)",
     )
+    p.add_argument("--model-size", choices=["tiny", "small"], default="tiny", help="the built-in model to train")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args()
 
@@ -237,7 +238,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "steps.jsonl").unlink(missing_ok=True)
     clock = step_clock(args.out / "steps.jsonl")
-    trainer, tokenizer, rows = build_trainer(args, ensure_builtin_model(), clock)
+    trainer, tokenizer, rows = build_trainer(args, ensure_builtin_model(size=args.model_size), clock)
     same_prompt = prompt_ids_match_ours(trainer, tokenizer, rows, args.task)
     trainer.train()
     trainer.save_model(str(args.out / "model"))

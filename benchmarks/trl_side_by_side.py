@@ -53,6 +53,8 @@ class Settings:
     micro_batch: int = 32
     seed: int = 0
     threads: int = 0  # torch threads on both sides (0 = every core: our default, and torch's)
+    model: str = "tiny"  # the built-in model both sides train: tiny (0.44M) or small (~25M)
+    staleness: int = 0  # ours: sync.max_staleness (1 = roll out step t+1 while training on step t)
     repeats: int = 2
     eval_prompts: int = 200
     eval_samples: int = 2  # sampled completions per held-out prompt (plus one greedy)
@@ -69,7 +71,7 @@ def prompt_lengths(s: Settings) -> list[int]:
 
     from agentrl_ray.builtin_model import calculator_tools, ensure_builtin_model
 
-    tok = AutoTokenizer.from_pretrained(ensure_builtin_model())
+    tok = AutoTokenizer.from_pretrained(ensure_builtin_model(size=s.model))
     tools = calculator_tools()
     rows = step_rows(s.steps, s.prompts, s.seed)
     return [
@@ -86,6 +88,7 @@ def run_trl(s: Settings, task: str, rep: int) -> dict:
     cmd += ["--steps", str(s.steps), "--prompts", str(s.prompts), "--group", str(s.group), "--lr", str(s.lr)]
     cmd += ["--max-completion", str(s.max_completion), "--max-turns", str(s.max_turns if task == "tool" else 1)]
     cmd += ["--micro-batch", str(s.micro_batch), "--seed", str(s.seed), "--threads", str(s.threads)]
+    cmd += ["--model-size", s.model]
     trace = run_watched(cmd, out / "steps.jsonl", out / "log.txt", ROOT)
     res = json.loads((out / "result.json").read_text())
     ends, rollouts = res["step_ends"], res["rollouts"]
@@ -121,6 +124,8 @@ def run_ours(s: Settings, task: str, rep: int, prompt_lens: list[int]) -> dict:
         f"learner.micro_batch_size={s.micro_batch}",
         f"learner.torch_threads={s.threads}",
         f"rollout.num_threads={s.threads}",
+        f"model.path=builtin:{s.model}",
+        f"sync.max_staleness={s.staleness}",
         f"run.steps={s.steps}",
         f"run.seed={s.seed}",
         f"run.name={name}",

@@ -8,7 +8,6 @@ evaluate and checkpoint through `ray.train.report`.
 from __future__ import annotations
 
 import math
-import os
 import random
 import tempfile
 import time
@@ -22,6 +21,7 @@ from agentrl_ray.config import Config
 from agentrl_ray.learner.batching import build_batch, loss_norm, micro_batches, shard
 from agentrl_ray.learner.policy import TRAINER_STATE, Policy
 from agentrl_ray.outputs import MetricsLog, plot_curves
+from agentrl_ray.profiles import default_threads
 from agentrl_ray.types import TrajectoryGroup
 
 
@@ -44,31 +44,83 @@ class PromptSampler:
         return [self._row(base + k) for k in range(self.per_step)]
 
 
-def collect(pool, sampler: PromptSampler, cfg: Config, step: int, version: int) -> tuple[list[TrajectoryGroup], dict]:
-    """Rollout phase with dynamic sampling (DAPO): drop or refill groups whose rewards are all equal."""
-    from agentrl_ray.algorithms import dynamic_sampling_keep
+class Rollouts:
+    """Rank 0's source of each step's groups, and the only way weights reach the rollout engines.
 
-    a, r = cfg.algorithm, cfg.rollout
-    seed = cfg.run.seed * 100003 + step
-    groups, timings = pool.sample(sampler.for_step(step), r.group_size, r.temperature, seed)
-    stats = {"rollout/groups_sampled": len(groups)}
-    if a.dynamic_sampling != "off":
-        groups = _keep_varied(groups, dynamic_sampling_keep)
-        rounds = 0
-        while a.dynamic_sampling == "resample" and len(groups) < r.prompts_per_step and rounds < a.max_resample_rounds:
-            rounds += 1
-            more, t = pool.sample(sampler.for_step(step, rounds), r.group_size, r.temperature, seed + 7919 * rounds)
-            timings = {k: timings.get(k, 0.0) + v for k, v in t.items()}
-            stats["rollout/groups_sampled"] += len(more)
-            groups += _keep_varied(more, dynamic_sampling_keep)
-        groups = groups[: r.prompts_per_step]
-    stale = [g.prompt_id for g in groups if g.min_policy_version < version - cfg.sync.max_staleness]
-    if stale:
-        raise RuntimeError(
-            f"step {step}: groups {stale[:3]} were sampled by a policy older than version {version} - "
-            f"{cfg.sync.max_staleness} (sync.max_staleness): the weight sync did not reach every rollout worker"
-        )
-    return groups, {**stats, **timings}
+    On-policy (`sync.max_staleness=0`): step t's batch is sampled when step t asks for it, by version t's weights.
+    Overlapped (`sync.max_staleness=1`): as soon as step t has its batch, step t+1's goes out to the engines, so
+    it is generated while the learner trains on step t, by version t's weights: one version behind the learner
+    that trains on it. The PPO ratio is taken against the sampling logprobs, which corrects for that (with
+    `algorithm.tis_cap`, truncated importance sampling instead). Weights are pushed only while no batch is out (a
+    worker would otherwise switch weights between the turns of an episode): `push` first waits for the batch in
+    flight, which the next step then finds ready.
+    """
+
+    def __init__(self, pool, sampler: PromptSampler, cfg: Config, sync) -> None:
+        self.pool, self.sampler, self.cfg, self.sync = pool, sampler, cfg, sync
+        self.overlap = cfg.sync.max_staleness > 0
+        self.in_flight: tuple[int, Any] | None = None  # (step, PendingSample)
+        self.ready: dict[int, tuple[list[TrajectoryGroup], dict]] = {}
+
+    def _start(self, step: int, refill: int = 0):
+        r = self.cfg.rollout
+        seed = self.cfg.run.seed * 100003 + step + 7919 * refill
+        return self.pool.start(self.sampler.for_step(step, refill), r.group_size, r.temperature, seed)
+
+    def _wait(self) -> float:
+        """Gather the batch in flight, if any; returns the seconds spent waiting for it."""
+        if self.in_flight is None:
+            return 0.0
+        t0 = time.perf_counter()
+        step, pending = self.in_flight
+        self.in_flight = None
+        self.ready[step] = self.pool.gather(pending)
+        return time.perf_counter() - t0
+
+    def take(self, step: int, version: int) -> tuple[list[TrajectoryGroup], dict]:
+        """The groups of `step` (trained on by weights `version`), with dynamic sampling (DAPO) applied: groups
+        whose rewards are all equal are dropped or refilled. Overlapped, also sends out step + 1's batch."""
+        from agentrl_ray.algorithms import dynamic_sampling_keep
+
+        a, r = self.cfg.algorithm, self.cfg.rollout
+        t0 = time.perf_counter()
+        if self.in_flight is not None and self.in_flight[0] == step:
+            self._wait()
+        if step in self.ready:
+            groups, timings = self.ready.pop(step)
+        else:
+            groups, timings = self.pool.gather(self._start(step))
+        stats = {"rollout/groups_sampled": len(groups)}
+        if a.dynamic_sampling != "off":
+            groups = _keep_varied(groups, dynamic_sampling_keep)
+            rounds = 0
+            refill = a.dynamic_sampling == "resample"
+            while refill and len(groups) < r.prompts_per_step and rounds < a.max_resample_rounds:
+                rounds += 1
+                more, t = self.pool.gather(self._start(step, rounds))
+                timings = {k: timings.get(k, 0.0) + v for k, v in t.items()}
+                stats["rollout/groups_sampled"] += len(more)
+                groups += _keep_varied(more, dynamic_sampling_keep)
+            groups = groups[: r.prompts_per_step]
+        stale = [g.prompt_id for g in groups if g.min_policy_version < version - self.cfg.sync.max_staleness]
+        if stale:
+            raise RuntimeError(
+                f"step {step}: groups {stale[:3]} were sampled by a policy older than version {version} - "
+                f"{self.cfg.sync.max_staleness} (sync.max_staleness): the weight sync did not reach every rollout "
+                "worker"
+            )
+        if self.overlap and step + 1 < self.cfg.run.steps:
+            self.in_flight = (step + 1, self._start(step + 1))
+        stats["rollout_wait_s"] = time.perf_counter() - t0
+        return groups, {**stats, **timings}
+
+    def push(self, named: list[tuple[str, torch.Tensor]], version: int) -> tuple[float, float]:
+        """Send weights `version` to every engine, after the batch in flight (if any) is back. Returns the seconds
+        spent (waiting for that batch, pushing)."""
+        wait = self._wait()
+        t0 = time.perf_counter()
+        self.sync.push(named, version)
+        return wait, time.perf_counter() - t0
 
 
 def _keep_varied(groups: list[TrajectoryGroup], keep_fn) -> list[TrajectoryGroup]:
@@ -108,6 +160,7 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
             for mb, _ in mbs
         ]
     sums: dict[str, float] = {}
+    t_opt = 0.0
     lr = lc.lr * min(1.0, (step + 1) / lc.warmup_steps) if lc.warmup_steps else lc.lr
     for _ in range(a.num_iterations):
         for i, (mb, weight) in enumerate(mbs):
@@ -121,9 +174,12 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
                 policy.backward(loss * weight, last)
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v * weight * len(mb)
+        t0 = time.perf_counter()
         sums["grad_norm"] = sums.get("grad_norm", 0.0) + policy.step(lr) * len(mine)
+        t_opt += time.perf_counter() - t0
     denom = max(1, len(mine)) * a.num_iterations
     out = {f"loss/{k}": v / denom for k, v in sums.items()}
+    out["time/optimizer_s"] = t_opt
     out["loss/world_model_coeff"] = coeff
     out["loss/lr"] = lr
     return out
@@ -155,7 +211,7 @@ def evaluate(pool, policy: Policy, rows: list[dict[str, Any]], cfg: Config, seed
     return out
 
 
-def rollout_metrics(groups: list[TrajectoryGroup], cfg: Config) -> dict[str, float]:
+def rollout_metrics(groups: list[TrajectoryGroup], cfg: Config, version: int | None = None) -> dict[str, float]:
     trajs = [t for g in groups for t in g.trajectories]
     n = len(trajs)
     rewards = [t.reward for t in trajs]
@@ -170,6 +226,8 @@ def rollout_metrics(groups: list[TrajectoryGroup], cfg: Config) -> dict[str, flo
         "rollout/zero_variance_groups": sum(len(set(g.rewards)) == 1 for g in groups) / max(1, len(groups)),
         "rollout/truncated": sum(t.finish_reason == "length" for t in trajs) / n,
     }
+    if version is not None:  # how many versions behind the learner the sampling weights were
+        metrics["rollout/staleness"] = sum(version - t.policy_version for t in trajs) / n
     parts: dict[str, float] = {}
     for t in trajs:
         for k, v in t.reward_parts.items():
@@ -219,8 +277,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     pool, model_path = config["pool"], config["model_path"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    # Ray sets OMP_NUM_THREADS from num_cpus; on-policy, learning and rollout alternate, so use the node's cores.
-    torch.set_num_threads(cfg.learner.torch_threads or os.cpu_count() or 1)
+    # Ray sets OMP_NUM_THREADS from num_cpus; on-policy, learning and rollout alternate, so use the node's cores
+    # (overlapped, half of them: profiles.default_threads).
+    overlapped = cfg.sync.max_staleness > 0
+    torch.set_num_threads(
+        cfg.learner.torch_threads
+        or default_threads("learner", overlapped=overlapped, rollout_workers=cfg.rollout.num_workers)
+    )
     torch.manual_seed(cfg.run.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -228,21 +291,22 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     state = restore(policy) or {"step": 0, "samples": 0}
     start, samples = state["step"], state["samples"]
     sampler = PromptSampler(config["train_rows"], cfg.rollout.prompts_per_step, cfg.run.seed)
-    log = sync = None
+    log = rollouts = None
     if rank == 0:
         sync = make_weight_sync(cfg.sync.transport, lora_scaling=policy.lora_scaling, use_gpu=cfg.learner.use_gpu)
         sync.setup(pool)
+        rollouts = Rollouts(pool, sampler, cfg, sync)
         log = MetricsLog(cfg.run_dir, cfg.run, cfg.to_dict(), cfg.run.steps)
         log.truncate_after(start)
         if start > 0:  # the rollout engines restarted from the base model: give them the checkpoint's weights
-            sync.push(policy.named_tensors_for_sync(), start)
+            rollouts.push(policy.named_tensors_for_sync(), start)
         elif cfg.run.eval_at_start:
             m = evaluate(pool, policy, config["eval_rows"], cfg, seed=-1, pad_id=pad_id)
             log.log(0, {**m, "samples": 0})
             print(f"step    0/{cfg.run.steps} | eval success {m['eval/success']:.3f} (before training)", flush=True)
     for step in range(start, cfg.run.steps):
         t_step = time.perf_counter()
-        groups, stats = collect(pool, sampler, cfg, step, version=step) if rank == 0 else (None, {})
+        groups, stats = rollouts.take(step, version=step) if rank == 0 else (None, {})
         t_rollout = time.perf_counter() - t_step
         groups = broadcast_groups(groups, world)
         metrics: dict[str, Any] = {}
@@ -250,16 +314,17 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if groups:
             metrics.update(update(policy, groups, cfg, step, pad_id))
         t_learn = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        t_wait = t_sync = 0.0
         if rank == 0:
-            sync.push(policy.named_tensors_for_sync(), step + 1)
-        t_sync = time.perf_counter() - t0
+            t_wait, t_sync = rollouts.push(policy.named_tensors_for_sync(), step + 1)
         done = step + 1
         samples += sum(len(g.trajectories) for g in groups)
-        metrics.update(samples=samples, **_phase_times(stats, t_rollout, t_learn, t_sync, time.perf_counter() - t_step))
+        metrics.update(
+            samples=samples, **_phase_times(stats, t_rollout + t_wait, t_learn, t_sync, time.perf_counter() - t_step)
+        )
         if rank == 0:
             metrics.update(
-                rollout_metrics(groups, cfg)
+                rollout_metrics(groups, cfg, version=step)
                 if groups
                 else {"reward/mean": 0.0, "rollout/success": 0.0, "rollout/sampled_tokens": 0}
             )
@@ -279,9 +344,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
 
 def _phase_times(stats: dict, rollout: float, learn: float, sync: float, total: float) -> dict[str, float]:
+    """`time/rollout_s` is what the learner waited for rollouts (all of the rollout on-policy, the part not hidden
+    behind the update when overlapped); `time/rollout_worker_s` is the rollout's own wall time in the workers."""
     return {
         "time/step_s": total,
         "time/rollout_s": rollout,
+        "time/rollout_worker_s": stats.get("worker_s", 0.0),
         "time/generate_s": stats.get("generate_s", 0.0),
         "time/env_s": stats.get("env_s", 0.0),
         "time/reward_s": stats.get("reward_s", 0.0),

@@ -7,6 +7,7 @@ step. Placement takes `num_gpus=0` on CPU, so the same code runs in the CPU test
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -14,6 +15,14 @@ import torch
 
 from agentrl_ray.config import Config
 from agentrl_ray.types import TrajectoryGroup
+
+
+@dataclass
+class PendingSample:
+    """A batch handed to the workers and not yet gathered (see `RolloutPool.start`)."""
+
+    refs: list[Any]
+    rows: list[dict[str, Any]]
 
 
 class RolloutPool:
@@ -34,7 +43,9 @@ class RolloutPool:
             num_cpus=r.num_cpus_per_worker, num_gpus=r.num_gpus_per_worker, runtime_env=runtime_env
         )
         workers = [
-            worker_actor.remote(i, model_path, cfg.model, r, cfg.env, cfg.reward, env_hosts, cfg.run.seed)
+            worker_actor.remote(
+                i, model_path, cfg.model, r, cfg.env, cfg.reward, env_hosts, cfg.run.seed, cfg.sync.max_staleness > 0
+            )
             for i in range(r.num_workers)
         ]
         pool = cls(workers, env_hosts)
@@ -49,13 +60,23 @@ class RolloutPool:
         self, rows: list[dict[str, Any]], group_size: int, temperature: float, seed: int
     ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
         """Split the rows over the workers, gather the groups back in row order, sum the phase timings."""
+        return self.gather(self.start(rows, group_size, temperature, seed))
+
+    def start(self, rows: list[dict[str, Any]], group_size: int, temperature: float, seed: int) -> PendingSample:
+        """Hand a batch to the workers and return at once; `gather` waits for it. The learner uses this to roll
+        out step t+1 while it trains on step t (`sync.max_staleness=1`). No weights may be pushed while a batch
+        is out: a worker would switch weights between the turns of an episode."""
         shards = [rows[i :: self.num_workers] for i in range(self.num_workers)]
         refs = [
             w.rollout.remote(shard, group_size, temperature, seed) for w, shard in zip(self.workers, shards) if shard
         ]
+        return PendingSample(refs, rows)
+
+    def gather(self, pending: PendingSample) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+        rows = pending.rows
         groups: list[TrajectoryGroup] = []
         timings: dict[str, float] = {}
-        for shard_groups, shard_timings in ray.get(refs):
+        for shard_groups, shard_timings in ray.get(pending.refs):
             groups.extend(shard_groups)
             for k, v in shard_timings.items():
                 timings[k] = max(timings.get(k, 0.0), v)  # workers run in parallel: the slowest one counts

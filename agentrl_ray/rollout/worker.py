@@ -8,7 +8,6 @@ copy of the base weights so the payload scales with the adapter, not the model.
 
 from __future__ import annotations
 
-import os
 import time
 import zlib
 from typing import Any
@@ -31,12 +30,17 @@ class RolloutWorker:
         reward_cfg: RewardConfig,
         env_hosts: list[Any],
         seed: int,
+        overlapped: bool = False,
     ) -> None:
+        from agentrl_ray.profiles import default_threads
         from agentrl_ray.rollout.engine import VLLMEngine, configure_vllm_env
 
         configure_vllm_env(kv_cache_gib=cfg.kv_cache_gib, use_gpu=cfg.num_gpus_per_worker > 0)
         # Ray sets OMP_NUM_THREADS from num_cpus (often 1); vLLM CPU freezes the thread count at engine start.
-        torch.set_num_threads(cfg.num_threads or os.cpu_count() or 1)
+        # `overlapped`: the learner trains while this engine generates (sync.max_staleness=1), see default_threads.
+        torch.set_num_threads(
+            cfg.num_threads or default_threads("rollout", overlapped=overlapped, rollout_workers=cfg.num_workers)
+        )
         from transformers import AutoTokenizer
 
         from agentrl_ray.envs.base import load_env_class, tool_schemas
@@ -78,6 +82,7 @@ class RolloutWorker:
         """Sample `group_size` trajectories for each row; returns the groups and timing/env stats."""
         from agentrl_ray.rewards import score
 
+        t_start = time.perf_counter()
         timings = {"generate_s": 0.0, "env_s": 0.0, "reward_s": 0.0}
         episodes = await self._start_episodes(rows, group_size, seed)
         try:
@@ -113,6 +118,7 @@ class RolloutWorker:
         groups = [
             TrajectoryGroup(str(row["id"]), trajs[i * group_size : (i + 1) * group_size]) for i, row in enumerate(rows)
         ]
+        timings["worker_s"] = time.perf_counter() - t_start
         return groups, timings
 
     async def _start_episodes(self, rows: list[dict[str, Any]], group_size: int, seed: int) -> list[Episode]:

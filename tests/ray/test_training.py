@@ -98,3 +98,22 @@ def test_other_learner_setups_train(local_ray, builtin_model_path, tmp_path, var
         base = _weights(__import__("pathlib").Path(builtin_model_path))
         new = _weights(ckpt / "model")
         assert sum(not torch.equal(base[k], new[k]) for k in new if k in base) > len(new) // 2
+
+
+def test_overlapped_rollout_trains_one_version_behind(local_ray, builtin_model_path, tmp_path):
+    """sync.max_staleness=1: step t+1's batch is generated while the learner trains on step t, so it was sampled by
+    the weights one version behind the learner's (the first step's by the current ones). An evaluation mid-run
+    (eval_every=2) must wait for the batch in flight, then run on the newest weights."""
+    overrides = [*SMALL, "sync.max_staleness=1", f"run.output_dir={tmp_path}", "run.name=o", "run.eval_every=2"]
+    cfg = load_config(None, [*overrides, "run.steps=4", "run.checkpoint_every=0"])
+    metrics = train(cfg)
+    assert metrics["samples"] == 4 * 4 * 4
+    records = _records(cfg.run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    assert [r["rollout/staleness"] for r in records[1:]] == [0.0, 1.0, 1.0, 1.0]
+    assert ["eval/success" in r for r in records] == [True, False, True, False, True]
+    assert all(torch.isfinite(torch.tensor(r["loss/policy_loss"])) for r in records[1:])
+    assert all(r["time/rollout_worker_s"] > 0 for r in records[1:])
+    base = _weights(__import__("pathlib").Path(builtin_model_path))
+    final = _weights(cfg.run_dir / "checkpoint_000004" / "model")
+    assert sum(not torch.equal(base[k], final[k]) for k in final if k in base) > len(final) // 2

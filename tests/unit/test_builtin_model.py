@@ -253,3 +253,11 @@ def test_warm_start_sometimes_calls_the_tool_and_copies_when_it_does(built):
     ]
     correct = sum(a == e for a, e in zip(answers, expected))
     assert correct >= 0.8 * len(rows), (correct, len(second))
+
+
+def test_config_knows_every_builtin_size():
+    from agentrl_ray.config import BUILTIN_MODELS
+
+    assert set(BUILTIN_MODELS) == set(builtin_model.RECIPES)
+    with pytest.raises(ValueError, match="unknown built-in model size 'huge'"):
+        builtin_model.ensure_builtin_model(size="huge")

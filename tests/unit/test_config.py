@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from agentrl_ray.config import ConfigError, load_config, parse_overrides
-from agentrl_ray.profiles import Hardware, profile_preset, resolve_profile
+from agentrl_ray.profiles import Hardware, default_threads, profile_preset, resolve_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(ROOT.glob("examples/**/*.yaml"))
@@ -55,6 +55,8 @@ def test_override_values_are_typed():
         (["profile=tpu"], "profile: 'tpu' is not one of"),
         (["learner.lr"], "not of the form"),
         (["env.name=calculator"], "import path"),
+        (["sync.max_staleness=2"], "must be 0 (on-policy) or 1"),
+        (["model.path=builtin:huge"], "the built-in models are builtin:tiny, builtin:small"),
     ],
 )
 def test_bad_configs_fail_with_a_clear_message(overrides, message):
@@ -84,3 +86,16 @@ def test_profiles_from_hardware():
     gpu = profile_preset("gpu", gpu_box)
     assert gpu["learner"]["backend"] == "deepspeed" and gpu["learner"]["num_workers"] == 2
     assert gpu["rollout"]["num_workers"] == 2 and gpu["sync"]["transport"] == "collective"
+
+
+def test_thread_defaults_split_the_cores_only_when_phases_overlap():
+    # On-policy the phases alternate: each may use every core; the engines share them.
+    assert default_threads("learner", overlapped=False, rollout_workers=1, cores=2) == 2
+    assert default_threads("rollout", overlapped=False, rollout_workers=1, cores=2) == 2
+    assert default_threads("rollout", overlapped=False, rollout_workers=2, cores=8) == 4
+    # Overlapped: learner and engines run at once, on disjoint halves.
+    assert default_threads("learner", overlapped=True, rollout_workers=1, cores=2) == 1
+    assert default_threads("rollout", overlapped=True, rollout_workers=1, cores=2) == 1
+    assert default_threads("learner", overlapped=True, rollout_workers=2, cores=16) == 8
+    assert default_threads("rollout", overlapped=True, rollout_workers=2, cores=16) == 4
+    assert default_threads("rollout", overlapped=True, rollout_workers=4, cores=2) == 1  # never 0
