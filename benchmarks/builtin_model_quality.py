@@ -61,7 +61,7 @@ def run_episodes(engine, tokenizer, tools, calculator, rows, *, temperature, max
             if gen.finish_reason == "length" or not (parsed.calls or parsed.errors) or turn == max_turns - 1:
                 rec["done"] = True
                 continue
-            results = [calculator(**c.arguments) if c.name == "calculator" else "unknown tool" for c in parsed.calls]
+            results = [_call(calculator, c) for c in parsed.calls]
             results += [f"Error: {e}" for e in parsed.errors]
             rec["calls"] += [c.arguments for c in parsed.calls]
             ids[i] += encode_segments(tokenizer, tool_response_segments(results))[0]
@@ -69,6 +69,16 @@ def run_episodes(engine, tokenizer, tools, calculator, rows, *, temperature, max
         final = rec["turns"][-1]
         rec["success"] = not parse_tool_calls(final).calls and extract_final_answer(final) == row["answer"]
     return records
+
+
+def _call(calculator, call) -> str:
+    """A tool call's result text; a failing call gets an error text, as our env host gives it (envs/host.py)."""
+    if call.name != "calculator":
+        return f"Error: unknown tool {call.name!r}"
+    try:
+        return calculator(**call.arguments)
+    except Exception as e:  # noqa: BLE001 - the model's bad call is an observation, not a crash
+        return f"Error: {e}"
 
 
 def summarize(records, rows) -> dict[str, float]:
