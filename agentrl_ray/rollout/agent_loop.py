@@ -94,7 +94,7 @@ async def run_episodes(
         timings["generate_s"] += time.perf_counter() - t0
 
         last_turn = turn == cfg.max_turns - 1
-        pending: list[tuple[Episode, Any]] = []
+        pending: list[tuple[Episode, tuple]] = []  # (episode, arguments of its env call)
         for ep, gen in zip(live, gens):
             ep.append(gen.token_ids, ACTION, gen.logprobs)
             text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
@@ -105,14 +105,14 @@ async def run_episodes(
             elif turn_based:
                 # Even on the last turn: the environment scores every reply, the last one included.
                 ep.num_tool_calls += 1
-                pending.append((ep, ep.env.call_turn.remote(ep.key, text)))
+                pending.append((ep, (ep.key, text)))
             else:
-                ref = _start_tools(ep, text, last_turn)
-                if ref is not None:
-                    pending.append((ep, ref))
+                request = _tool_request(ep, text, last_turn)
+                if request is not None:
+                    pending.append((ep, request))
 
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(ref for _, ref in pending))
+        results = await per_host([(ep.env, args) for ep, args in pending], "call_turn" if turn_based else "call_tools")
         timings["env_s"] += time.perf_counter() - t0
         for (ep, _), result in zip(pending, results):
             if turn_based:
@@ -124,8 +124,24 @@ async def run_episodes(
             ep.finish_reason = "max_turns"
 
 
-def _start_tools(ep: Episode, text: str, last_turn: bool) -> Any:
-    """Send the turn's tool calls to the episode's environment; None (and a finish reason) when there are none."""
+async def per_host(requests: list[tuple[Any, tuple]], method: str) -> list[Any]:
+    """Call `method` for each (env host, arguments) pair, as one `<method>_many` call per host (a few Ray calls per
+    turn, not one per episode); results come back in `requests` order."""
+    by_host: dict[int, list[int]] = {}
+    for i, (host, _) in enumerate(requests):
+        by_host.setdefault(id(host), []).append(i)
+    refs = [
+        getattr(requests[idx[0]][0], f"{method}_many").remote([requests[i][1] for i in idx]) for idx in by_host.values()
+    ]
+    out: list[Any] = [None] * len(requests)
+    for idx, results in zip(by_host.values(), await asyncio.gather(*refs)):
+        for i, result in zip(idx, results):
+            out[i] = result
+    return out
+
+
+def _tool_request(ep: Episode, text: str, last_turn: bool) -> tuple | None:
+    """The arguments of the env's `call_tools` for this turn; None (and a finish reason) when there are none."""
     parsed = parse_tool_calls(text)
     if not parsed.calls and not parsed.errors:
         ep.finish_reason = "answer"
@@ -134,7 +150,7 @@ def _start_tools(ep: Episode, text: str, last_turn: bool) -> Any:
         ep.finish_reason = "max_turns"
         return None
     ep.num_tool_calls += len(parsed.calls) + len(parsed.errors)
-    return ep.env.call_tools.remote(ep.key, parsed.calls, parsed.errors)
+    return (ep.key, parsed.calls, parsed.errors)
 
 
 def _after_tools(ep: Episode, tool_results: list, tokenizer, cfg: RolloutConfig) -> None:

@@ -8,6 +8,7 @@ copy of the base weights so the payload scales with the adapter, not the model.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import zlib
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from agentrl_ray.config import EnvConfig, ModelConfig, RewardConfig, RolloutConfig
-from agentrl_ray.rollout.agent_loop import ACTION, ENV, TEMPLATE, Episode, run_episodes
+from agentrl_ray.rollout.agent_loop import ACTION, ENV, TEMPLATE, Episode, per_host, run_episodes
 from agentrl_ray.types import Trajectory, TrajectoryGroup
 
 
@@ -98,8 +99,8 @@ class RolloutWorker:
                 turn_based=self.turn_based,
             )
             t0 = time.perf_counter()
-            env_rewards = await self._gather(
-                [e.env.env_reward.remote(e.key, _last_assistant_text(e.messages)) for e in episodes]
+            env_rewards = await per_host(
+                [(e.env, (e.key, _last_assistant_text(e.messages))) for e in episodes], "env_reward"
             )
             expanded = [row for row in rows for _ in range(group_size)]
             columns = {k: [r.get(k) for r in expanded] for k in expanded[0]}
@@ -113,7 +114,7 @@ class RolloutWorker:
             )
             timings["reward_s"] += time.perf_counter() - t0
         finally:
-            await self._gather([e.env.close.remote(e.key) for e in episodes])
+            await self._close([(e.env, e.key) for e in episodes])
         trajs = [self._to_trajectory(e, r, p) for e, r, p in zip(episodes, rewards, parts)]
         groups = [
             TrajectoryGroup(str(row["id"]), trajs[i * group_size : (i + 1) * group_size]) for i, row in enumerate(rows)
@@ -122,7 +123,7 @@ class RolloutWorker:
         return groups, timings
 
     async def _start_episodes(self, rows: list[dict[str, Any]], group_size: int, seed: int) -> list[Episode]:
-        keys, hosts, refs = [], [], []
+        keys, hosts = [], []
         seen: set[str] = set()
         for row in rows:
             for j in range(group_size):
@@ -133,14 +134,43 @@ class RolloutWorker:
                 host = self.env_hosts[zlib.crc32(key.encode()) % len(self.env_hosts)]
                 keys.append(key)
                 hosts.append(host)
-                refs.append(host.create.remote(key, self.env_cfg.name, self.env_cfg.kwargs, row))
-        reset_texts = await self._gather(refs)
+        by_host: dict[int, list[int]] = {}
+        for i, host in enumerate(hosts):
+            by_host.setdefault(id(host), []).append(i)
+        refs = [
+            hosts[idx[0]].create_many.remote(
+                self.env_cfg.name, self.env_cfg.kwargs, [(keys[i], rows[i // group_size]) for i in idx]
+            )
+            for idx in by_host.values()
+        ]
+        outcomes = await asyncio.gather(*refs, return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:  # hosts that succeeded keep nothing open
+            ok = [i for idx, o in zip(by_host.values(), outcomes) if not isinstance(o, BaseException) for i in idx]
+            await self._close([(hosts[i], keys[i]) for i in ok])
+            raise failed[0]
+        reset_texts: list[str | None] = [None] * len(keys)
+        for idx, texts in zip(by_host.values(), outcomes):
+            for i, text in zip(idx, texts):
+                reset_texts[i] = text
         episodes = []
-        for i, (key, host, extra) in enumerate(zip(keys, hosts, reset_texts)):
-            ids = self._prompt_ids(rows[i // group_size], extra)
-            row = rows[i // group_size]
-            episodes.append(Episode(key, str(row["id"]), i % group_size, host, ids, prompt_len=len(ids)))
+        prompts: dict[tuple[int, str | None], list[int]] = {}  # a group shares its prompt unless reset() differs
+        try:
+            for i, (key, host, extra) in enumerate(zip(keys, hosts, reset_texts)):
+                row = rows[i // group_size]
+                ids = prompts.get((i // group_size, extra))
+                if ids is None:
+                    ids = prompts[(i // group_size, extra)] = self._prompt_ids(row, extra)
+                episodes.append(Episode(key, str(row["id"]), i % group_size, host, list(ids), prompt_len=len(ids)))
+        except BaseException:  # e.g. a prompt over the token budget: close what was opened, then report it
+            await self._close(list(zip(hosts, keys)))
+            raise
         return episodes
+
+    @staticmethod
+    async def _close(pairs: list[tuple[Any, str]]) -> None:
+        if pairs:
+            await per_host([(host, key) for host, key in pairs], "close")
 
     def _prompt_ids(self, row: dict[str, Any], extra: str | None) -> list[int]:
         prompt = row["prompt"]
@@ -156,12 +186,6 @@ class RolloutWorker:
                 f"prompt {row['id']} is {len(ids)} tokens, over rollout.max_total_tokens={self.cfg.max_total_tokens}"
             )
         return list(ids)
-
-    @staticmethod
-    async def _gather(refs: list[Any]) -> list[Any]:
-        import asyncio
-
-        return list(await asyncio.gather(*refs))
 
     def _episode_info(self, ep: Episode) -> dict[str, Any]:
         return {

@@ -1,0 +1,71 @@
+"""Batched env-host calls (one Ray call per host per turn): each entry behaves as its single call, results keep
+their order, and a batch of creations opens all its environments or none."""
+
+import asyncio
+
+import pytest
+
+from agentrl_ray.envs.host import EnvHost
+from agentrl_ray.rollout.agent_loop import per_host
+from agentrl_ray.rollout.tool_parser import ToolCall
+
+CALC = "agentrl_ray.envs.calculator:CalculatorEnv"
+
+
+class PickyEnv:
+    def reset(self, **row):
+        if row.get("bad"):
+            raise ValueError(f"row {row['id']} is bad")
+        return f"ready {row['id']}"
+
+    def echo(self, text: str) -> str:
+        """Echo.
+
+        Args:
+            text: What to say back.
+        """
+        return text
+
+
+class Handle:
+    """An in-process EnvHost behind the `.method.remote(...)` interface of a Ray actor handle."""
+
+    def __init__(self, host):
+        self.host = host
+
+    def __getattr__(self, name):
+        method = getattr(self.host, name)
+        return type("M", (), {"remote": staticmethod(lambda *a: method(*a))})
+
+
+def test_batched_calls_keep_order_across_hosts():
+    async def main():
+        hosts = [Handle(EnvHost()), Handle(EnvHost())]
+        keys = [f"k{i}" for i in range(6)]
+        pairs = [(hosts[i % 2], k) for i, k in enumerate(keys)]
+        for host, k in pairs:
+            await host.host.create(k, CALC, {}, {})
+        calls = [(h, (k, [ToolCall("calculator", {"expression": f"{i} * 10"})], [])) for i, (h, k) in enumerate(pairs)]
+        results = await per_host(calls, "call_tools")
+        closed = await per_host(pairs, "close")
+        return results, closed, [h.host.stats()["open"] for h in hosts]
+
+    results, closed, still_open = asyncio.run(main())
+    assert [r[0].text for r in results] == [str(i * 10) for i in range(6)]
+    assert closed == [True] * 6 and still_open == [0, 0]
+
+
+def test_a_failing_creation_leaves_nothing_open():
+    async def main():
+        host = EnvHost()
+        with pytest.raises(ValueError, match="row 2 is bad"):
+            await host.create_many(
+                "test_env_host_batched:PickyEnv", {}, [(f"k{i}", {"id": i, "bad": i == 2}) for i in range(4)]
+            )
+        stats = host.stats()
+        texts = await host.create_many("test_env_host_batched:PickyEnv", {}, [("a", {"id": "a"}), ("b", {"id": "b"})])
+        return stats, texts
+
+    stats, texts = asyncio.run(main())
+    assert stats["open"] == 0 and stats["created"] == 3 and stats["closed"] == 3
+    assert texts == ["ready a", "ready b"]
