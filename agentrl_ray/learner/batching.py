@@ -58,9 +58,12 @@ def micro_batches(batch: TrainBatch, num: int) -> list[tuple[TrainBatch, float]]
     """Exactly `num` micro-batches (every rank must run the same number of backwards for DDP/ZeRO).
 
     A rank with fewer rows than `num` gets (row 0, weight 0.0) fillers: forward/backward with a zero loss.
-    Each micro-batch is trimmed to its longest sequence.
+    Rows are ordered by length first and each micro-batch is trimmed to its longest sequence, so little compute goes
+    to padding (the loss is normalized over the whole step's batch, so how rows are grouped does not change it).
     """
     n = len(batch)
+    order = torch.argsort(batch.attention_mask.sum(dim=1), stable=True)
+    batch = TrainBatch(**{k: v[order] for k, v in batch.__dict__.items()})
     out = []
     for i in range(num):
         start, stop = n * i // num, n * (i + 1) // num

@@ -345,7 +345,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
 def _phase_times(stats: dict, rollout: float, learn: float, sync: float, total: float) -> dict[str, float]:
     """`time/rollout_s` is what the learner waited for rollouts (all of the rollout on-policy, the part not hidden
-    behind the update when overlapped); `time/rollout_worker_s` is the rollout's own wall time in the workers."""
+    behind the update when overlapped); `time/rollout_worker_s` is the rollout's own wall time in the workers.
+    Weight sync is `time/sync_s` on the learner (the push) plus `time/load_weights_s` in the workers (the load at
+    the start of the rollout that uses the weights, part of its wall time)."""
     return {
         "time/step_s": total,
         "time/rollout_s": rollout,
@@ -355,6 +357,7 @@ def _phase_times(stats: dict, rollout: float, learn: float, sync: float, total: 
         "time/reward_s": stats.get("reward_s", 0.0),
         "time/learner_s": learn,
         "time/sync_s": sync,
+        "time/load_weights_s": stats.get("load_weights_s", 0.0),
     }
 
 

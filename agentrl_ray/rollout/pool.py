@@ -29,6 +29,9 @@ class RolloutPool:
     def __init__(self, workers: list[Any], env_hosts: list[Any]) -> None:
         self.workers = workers
         self.env_hosts = env_hosts
+        # Weights put in the object store but not yet loaded: they travel with the next rollout call (see
+        # `load_later`), so the learner does not wait for the engines to load them.
+        self._pending: tuple[str, Any, tuple] | None = None
 
     @classmethod
     def create(cls, cfg: Config, model_path: str) -> RolloutPool:
@@ -67,8 +70,15 @@ class RolloutPool:
         out step t+1 while it trains on step t (`sync.max_staleness=1`). No weights may be pushed while a batch
         is out: a worker would switch weights between the turns of an episode."""
         shards = [rows[i :: self.num_workers] for i in range(self.num_workers)]
+        weights, self._pending = self._pending, None
+        if weights is not None and not all(shards):  # a worker without rows still needs the new weights
+            self._pending = weights
+            self.flush()
+            weights = None
         refs = [
-            w.rollout.remote(shard, group_size, temperature, seed) for w, shard in zip(self.workers, shards) if shard
+            w.rollout.remote(shard, group_size, temperature, seed, weights)
+            for w, shard in zip(self.workers, shards)
+            if shard
         ]
         return PendingSample(refs, rows)
 
@@ -85,20 +95,38 @@ class RolloutPool:
         return groups, timings
 
     def versions(self) -> list[int]:
+        self.flush()
         return ray.get([w.get_version.remote() for w in self.workers])
 
     def load_state_dict(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
-        ref = ray.put(named)
-        ray.get([w.load_state_dict.remote(ref, version) for w in self.workers])
+        self.load_later(named, version)
+        self.flush()
 
     def load_lora(self, adapter: dict[str, torch.Tensor], scaling: float, version: int) -> None:
-        ref = ray.put(adapter)
-        ray.get([w.load_lora.remote(ref, scaling, version) for w in self.workers])
+        self.load_later(adapter, version, lora_scaling=scaling)
+        self.flush()
+
+    def load_later(self, weights: Any, version: int, *, lora_scaling: float | None = None) -> None:
+        """Put new weights (a list of named tensors, or a LoRA adapter dict with its scaling) in the object store
+        now; every worker loads them at the start of its next rollout, before generating anything (one call, so
+        the order is guaranteed), or at `flush()`. Newer weights replace ones not yet loaded."""
+        ref = ray.put(weights)
+        self._pending = (
+            ("state_dict", ref, (version,)) if lora_scaling is None else ("lora", ref, (lora_scaling, version))
+        )
+
+    def flush(self) -> None:
+        """Load pending weights on every worker now."""
+        if self._pending is None:
+            return
+        weights, self._pending = self._pending, None
+        ray.get([w.load_weights.remote(weights) for w in self.workers])
 
     def init_collective_async(self, addr: str, port: int, world: int) -> list[Any]:
         return [w.init_collective.remote(addr, port, world, i + 1) for i, w in enumerate(self.workers)]
 
     def receive_collective_async(self, spec: list, version: int) -> list[Any]:
+        self._pending = None  # superseded
         return [w.receive_collective.remote(spec, version) for w in self.workers]
 
     @staticmethod
@@ -107,6 +135,7 @@ class RolloutPool:
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[tuple[list[int], list[float]]]]:
         """Greedy generation on every worker (for sync checks): one list of results per worker."""
+        self.flush()
         return ray.get([w.greedy.remote(prompts, max_tokens) for w in self.workers])
 
     def env_stats(self) -> list[dict[str, Any]]:

@@ -78,13 +78,22 @@ class RolloutWorker:
     # ---------------------------------------------------------------- rollouts
 
     async def rollout(
-        self, rows: list[dict[str, Any]], group_size: int, temperature: float, seed: int
+        self,
+        rows: list[dict[str, Any]],
+        group_size: int,
+        temperature: float,
+        seed: int,
+        weights: tuple[str, Any, tuple] | None = None,
     ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-        """Sample `group_size` trajectories for each row; returns the groups and timing/env stats."""
+        """Sample `group_size` trajectories for each row; returns the groups and timing/env stats. `weights`
+        (from `RolloutPool.load_later`) are loaded first."""
         from agentrl_ray.rewards import score
 
         t_start = time.perf_counter()
-        timings = {"generate_s": 0.0, "env_s": 0.0, "reward_s": 0.0}
+        timings = {"generate_s": 0.0, "env_s": 0.0, "reward_s": 0.0, "load_weights_s": 0.0}
+        if weights is not None:
+            await self.load_weights(weights)
+            timings["load_weights_s"] = time.perf_counter() - t_start
         episodes = await self._start_episodes(rows, group_size, seed)
         try:
             await run_episodes(
@@ -218,6 +227,15 @@ class RolloutWorker:
 
     def get_version(self) -> int:
         return self.version
+
+    async def load_weights(self, weights: tuple[str, Any, tuple]) -> int:
+        """Apply `RolloutPool.load_later`'s payload: ("state_dict", ref of named tensors, (version,)) or
+        ("lora", ref of an adapter, (scaling, version)). Ray does not resolve a reference nested in an argument."""
+        kind, ref, args = weights
+        payload = await ref
+        if kind == "lora":
+            return self.load_lora(payload, *args)
+        return self.load_state_dict(payload, *args)
 
     def load_state_dict(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
         self.engine.load_weights(named_tensors)

@@ -2,7 +2,7 @@
 
 `setup(pool)` once, then `push(named_tensors, version)`; every trajectory carries the version of the weights
 that sampled it. Transports:
-- ObjectStoreSync: one `ray.put` of the state dict, every worker loads it (default on CPU);
+- ObjectStoreSync: one `ray.put` of the state dict, every worker loads it with its next rollout (default on CPU);
 - CollectiveSync: a gloo (CPU) / NCCL (GPU) broadcast group between rank 0 and the workers;
 - adapter-only for LoRA (ObjectStoreSync with `lora_scaling`): only the A/B tensors travel, workers merge.
 """
@@ -16,6 +16,10 @@ from agentrl_ray.sync.collective import CollectiveGroup, free_port
 
 
 class ObjectStoreSync:
+    """`push` puts the weights in the object store and returns; the workers load them at the start of their next
+    rollout (`RolloutPool.load_later`), so the learner never waits for a load. Timings: the learner's part is
+    `time/sync_s`, the workers' part `time/load_weights_s`."""
+
     def __init__(self, lora_scaling: float | None = None) -> None:
         self.lora_scaling = lora_scaling
         self.pool: RolloutPool | None = None
@@ -25,9 +29,9 @@ class ObjectStoreSync:
 
     def push(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
         if self.lora_scaling is None:
-            self.pool.load_state_dict(named, version)
+            self.pool.load_later(named, version)
         else:
-            self.pool.load_lora(dict(named), self.lora_scaling, version)
+            self.pool.load_later(dict(named), version, lora_scaling=self.lora_scaling)
 
 
 class CollectiveSync:

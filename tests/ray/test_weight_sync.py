@@ -66,6 +66,22 @@ def test_sync_makes_engines_equal_to_learner(setup, transport):
     sync.setup(pool)
     version = 11 if transport == "object_store" else 12
     sync.push([(n, t.detach().clone()) for n, t in model.state_dict().items()], version)
+
+    # Sampled trajectories: the object-store weights travel with this rollout call (loaded before generating), the
+    # collective ones were loaded at push; either way the rollout logprobs equal the learner's recomputation.
+    rows = [
+        {"id": "q1", "prompt": "What is 123 + 456?", "answer": "579"},
+        {"id": "q2", "prompt": "What is 31 * 7?", "answer": "217"},
+    ]
+    groups, timings = pool.sample(rows, group_size=4, temperature=1.0, seed=3)
+    if transport == "object_store":
+        assert timings["load_weights_s"] > 0
+    for traj in [t for g in groups for t in g.trajectories]:
+        assert traj.policy_version == version
+        pos = [i for i, m in enumerate(traj.action_mask) if m]
+        ours = _hf_logprobs(model, traj.token_ids, pos)
+        theirs = [traj.rollout_logprobs[i] for i in pos]
+        assert max(abs(a - b) for a, b in zip(ours, theirs)) < 2e-2
     assert pool.versions() == [version, version]
 
     expected = [_hf_greedy(model, p, 16) for p in prompts]
@@ -73,16 +89,6 @@ def test_sync_makes_engines_equal_to_learner(setup, transport):
     assert [ids for ids, _ in before] != expected, "the training steps did not change greedy output: weak test"
     for results in per_worker:
         assert [ids for ids, _ in results] == expected
-
-    # Sampled trajectories: the rollout logprobs equal the learner's recomputation (bf16 tolerance or better).
-    rows = [{"id": "q1", "prompt": "What is 123 + 456?", "answer": "579"}]
-    groups, _ = pool.sample(rows, group_size=4, temperature=1.0, seed=3)
-    for traj in groups[0].trajectories:
-        assert traj.policy_version == version
-        pos = [i for i, m in enumerate(traj.action_mask) if m]
-        ours = _hf_logprobs(model, traj.token_ids, pos)
-        theirs = [traj.rollout_logprobs[i] for i in pos]
-        assert max(abs(a - b) for a, b in zip(ours, theirs)) < 2e-2
 
 
 def test_lora_adapter_sync_matches_merged_model(setup, builtin_model_path):
