@@ -147,6 +147,9 @@ class LearnerConfig:
     max_grad_norm: float = 1.0
     micro_batch_size: int = 32
     torch_threads: int = 0  # 0 = every core of the node, half with sync.max_staleness=1 (see rollout.num_threads)
+    # Mixed precision for the DDP learner (CPU or GPU): bfloat16 autocast, float32 weights and optimizer (like
+    # TRL's bf16=True). ~2.6x faster on a 25M model on an AMX CPU (docs/benchmarks.md). DeepSpeed uses its own.
+    bf16: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

@@ -57,6 +57,7 @@ def parse_args() -> argparse.Namespace:
         default="transformers",
         help="TRL's generation backend (only `transformers` and `continuous_batching` run on this CPU machine)",
     )
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (TRL's default; ours: learner.bf16)")
     p.add_argument("--model-size", choices=["tiny", "small"], default="tiny", help="the built-in model to train")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args()
@@ -172,7 +173,7 @@ def build_trainer(args: argparse.Namespace, model_path: Path, clock):
     config = GRPOConfig(
         output_dir=str(args.out / "trainer"),
         use_cpu=True,
-        bf16=False,  # our side trains in float32 on CPU
+        bf16=args.bf16,  # both sides: float32 (default) or bfloat16 autocast with float32 weights (--bf16)
         gradient_checkpointing=False,  # TRL's default; costs a second forward and our side does not checkpoint
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=samples // micro,  # one optimizer step per generation batch (on-policy)

@@ -54,7 +54,8 @@ class Settings:
     seed: int = 0
     threads: int = 0  # torch threads on both sides (0 = every core: our default, and torch's)
     model: str = "tiny"  # the built-in model both sides train: tiny (0.44M) or small (~25M)
-    staleness: int = 0  # ours: sync.max_staleness (1 = roll out step t+1 while training on step t)
+    staleness: int = 1  # ours: sync.max_staleness (1 = roll out step t+1 while training on step t, our default)
+    bf16: int = 0  # 1: bfloat16 math on both sides (TRL bf16=True; ours model.dtype=bfloat16 learner.bf16=true)
     repeats: int = 2
     eval_prompts: int = 200
     eval_samples: int = 2  # sampled completions per held-out prompt (plus one greedy)
@@ -88,7 +89,7 @@ def run_trl(s: Settings, task: str, rep: int) -> dict:
     cmd += ["--steps", str(s.steps), "--prompts", str(s.prompts), "--group", str(s.group), "--lr", str(s.lr)]
     cmd += ["--max-completion", str(s.max_completion), "--max-turns", str(s.max_turns if task == "tool" else 1)]
     cmd += ["--micro-batch", str(s.micro_batch), "--seed", str(s.seed), "--threads", str(s.threads)]
-    cmd += ["--model-size", s.model]
+    cmd += ["--model-size", s.model] + (["--bf16"] if s.bf16 else [])
     trace = run_watched(cmd, out / "steps.jsonl", out / "log.txt", ROOT)
     res = json.loads((out / "result.json").read_text())
     ends, rollouts = res["step_ends"], res["rollouts"]
@@ -126,6 +127,8 @@ def run_ours(s: Settings, task: str, rep: int, prompt_lens: list[int]) -> dict:
         f"rollout.num_threads={s.threads}",
         f"model.path=builtin:{s.model}",
         f"sync.max_staleness={s.staleness}",
+        f"learner.bf16={'true' if s.bf16 else 'false'}",
+        f"model.dtype={'bfloat16' if s.bf16 else 'float32'}",
         f"run.steps={s.steps}",
         f"run.seed={s.seed}",
         f"run.name={name}",

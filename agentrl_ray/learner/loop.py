@@ -203,7 +203,8 @@ def evaluate(pool, policy: Policy, rows: list[dict[str, Any]], cfg: Config, seed
         with torch.no_grad():
             for mb, _ in micro_batches(batch, math.ceil(len(batch) / cfg.learner.micro_batch_size)):
                 mb = mb.to(policy.device)
-                logits = policy.module(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+                with policy.autocast():
+                    logits = policy.module(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
                 logprobs, _ = token_logprobs_and_entropy(logits, mb.input_ids, False)
                 nll -= float((logprobs * mb.env_mask).sum())
                 count += float(mb.env_mask.sum())

@@ -109,15 +109,24 @@ class Policy:
 
     # ---------------------------------------------------------------- compute
 
+    def autocast(self):
+        """`learner.bf16` on a float32 model: matmuls in bfloat16 (AMX on recent x86 CPUs), weights, gradients and
+        optimizer state stay float32. DeepSpeed's own bf16 mode needs none of this."""
+        if not self.cfg.bf16 or self.engine is not None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.wrapped(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
+        with self.autocast():
+            return self.wrapped(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B,T,V)
 
     @torch.no_grad()
     def reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        if self.reference is not None:
-            return self.reference(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        with self.module.disable_adapter():
-            return self.module(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        with self.autocast():
+            if self.reference is not None:
+                return self.reference(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+            with self.module.disable_adapter():
+                return self.module(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
     def grad_sync_context(self, sync: bool):
         """DDP all-reduces only on the last micro-batch of a step."""

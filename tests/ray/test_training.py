@@ -103,8 +103,10 @@ def test_other_learner_setups_train(local_ray, builtin_model_path, tmp_path, var
 def test_overlapped_rollout_trains_one_version_behind(local_ray, builtin_model_path, tmp_path):
     """sync.max_staleness=1: step t+1's batch is generated while the learner trains on step t, so it was sampled by
     the weights one version behind the learner's (the first step's by the current ones). An evaluation mid-run
-    (eval_every=2) must wait for the batch in flight, then run on the newest weights."""
-    overrides = [*SMALL, "sync.max_staleness=1", f"run.output_dir={tmp_path}", "run.name=o", "run.eval_every=2"]
+    (eval_every=2) must wait for the batch in flight, then run on the newest weights. The learner runs with bf16
+    autocast (learner.bf16) and must still produce finite losses and new float32 weights."""
+    overrides = [*SMALL, "sync.max_staleness=1", "learner.bf16=true"]
+    overrides += [f"run.output_dir={tmp_path}", "run.name=o", "run.eval_every=2"]
     cfg = load_config(None, [*overrides, "run.steps=4", "run.checkpoint_every=0"])
     metrics = train(cfg)
     assert metrics["samples"] == 4 * 4 * 4
@@ -117,3 +119,4 @@ def test_overlapped_rollout_trains_one_version_behind(local_ray, builtin_model_p
     base = _weights(__import__("pathlib").Path(builtin_model_path))
     final = _weights(cfg.run_dir / "checkpoint_000004" / "model")
     assert sum(not torch.equal(base[k], final[k]) for k in final if k in base) > len(final) // 2
+    assert all(v.dtype == torch.float32 for v in final.values())
