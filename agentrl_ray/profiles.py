@@ -114,7 +114,9 @@ def profile_preset(profile: str, hardware: Hardware | None = None) -> dict[str, 
     raise ValueError(f"unknown profile {profile!r}")
 
 
-def default_threads(role: str, *, overlapped: bool, rollout_workers: int, cores: int | None = None) -> int:
+def default_threads(
+    role: str, *, overlapped: bool, rollout_workers: int, learner_workers: int = 1, cores: int | None = None
+) -> int:
     """Torch threads of a CPU learner (`role="learner"`) or rollout engine (`"rollout"`) whose config leaves them
     at 0, from the cores of the node it runs on.
 
@@ -122,11 +124,12 @@ def default_threads(role: str, *, overlapped: bool, rollout_workers: int, cores:
     every core and the rollout engines share them. Overlapped (`sync.max_staleness=1`) they run at the same time:
     the learner takes half the cores and the engines share the other half, so the two never fight over a core
     (torch's OpenMP threads spin at every op's barrier while a core is taken, which costs more than a thread adds).
+    Several learner workers on the node share the learner's part.
     """
     if not cores:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     learner = max(1, cores // 2) if overlapped else cores
     if role == "learner":
-        return learner
+        return max(1, learner // max(1, learner_workers))
     free = max(1, cores - learner) if overlapped else cores
     return max(1, free // max(1, rollout_workers))

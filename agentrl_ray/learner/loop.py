@@ -283,7 +283,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     overlapped = cfg.sync.max_staleness > 0
     torch.set_num_threads(
         cfg.learner.torch_threads
-        or default_threads("learner", overlapped=overlapped, rollout_workers=cfg.rollout.num_workers)
+        or default_threads(
+            "learner", overlapped=overlapped, rollout_workers=cfg.rollout.num_workers, learner_workers=world
+        )
     )
     torch.manual_seed(cfg.run.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -99,3 +99,6 @@ def test_thread_defaults_split_the_cores_only_when_phases_overlap():
     assert default_threads("learner", overlapped=True, rollout_workers=2, cores=16) == 8
     assert default_threads("rollout", overlapped=True, rollout_workers=2, cores=16) == 4
     assert default_threads("rollout", overlapped=True, rollout_workers=4, cores=2) == 1  # never 0
+    # Several learner workers on one node share the learner's cores.
+    assert default_threads("learner", overlapped=False, rollout_workers=1, learner_workers=2, cores=8) == 4
+    assert default_threads("learner", overlapped=True, rollout_workers=1, learner_workers=2, cores=2) == 1
