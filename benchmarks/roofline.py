@@ -5,15 +5,17 @@
     python benchmarks/roofline.py --run-dir runs/bench/throughput  # another run's measured step
     python benchmarks/roofline.py --model DIR --samples 128 --tokens 4500 --generate-s 0.5 --learner-s 0.7
 
-1. Measures, with torch on CPU using every core: GEMM throughput in float32 and bfloat16 for a large square GEMM and
-   for decode-shaped GEMMs (64 rows, i.e. 64 sequences decoding together, times the model's hidden -> intermediate
-   projection, and the same at hidden 2048 for scale), and memory bandwidth from a large tensor copy.
+1. Measures, with torch on CPU using the threads each phase ran with: GEMM throughput in float32 and bfloat16
+   for a large square GEMM and for decode-shaped GEMMs (64 rows, i.e. 64 sequences decoding together, times the
+   model's hidden -> intermediate projection, and the same at hidden 2048 for scale), and memory bandwidth from a
+   large tensor copy.
 2. From the model's config, the lower bound of each phase of one training step:
    - generation (decode): 2 * params FLOPs per token (+ attention over the context), and per decode iteration the
      weights read once plus every sequence's KV cache; the iteration count is at least the mean sampled tokens per
      trajectory (all sequences decode in lock step), the best case for the bytes bound;
    - learner: 6 * params FLOPs per trained token (forward + backward, + attention), with AdamW's reads and writes.
-   A phase's bound is the larger of its FLOP time (at the large-GEMM rate) and its byte time (at the copy bandwidth).
+   A phase's bound is the larger of its FLOP time (at the large-GEMM rate of its dtype and thread count) and its byte
+   time (at the copy bandwidth). The whole step's bound is the phases' sum on-policy, the slower one overlapped.
 3. Prints each phase's measured time (the run's mean over steps 2..N), its bound and the fraction bound/measured.
 
 Read the fractions with the model size in mind: the built-in model has 0.44M parameters (1.8 MB in float32, which
@@ -111,11 +113,10 @@ def measured_step(run_dir: Path) -> dict[str, float]:
     }
 
 
-def bounds(m: dict[str, float], step: dict[str, float], hw: dict[str, float], prompt_len: float) -> dict[str, dict]:
-    """Lower-bound seconds of generation and of the learner update for one step (4-byte float32 weights)."""
-    peak = hw["gemm_2048_fp32_gflops"] * 1e9
-    bw = hw["copy_gb_per_s"] * 1e9
-    n, p, b = step["samples"], m["params"], 4
+def bounds(m: dict[str, float], step: dict[str, float], hw: dict[str, dict], prompt_len: float) -> dict[str, dict]:
+    """Lower-bound seconds of generation and of the learner update for one step, each at the GEMM rate of the
+    threads and dtype it ran with (`hw["generation"]`, `hw["learner"]`: {"gflops", "gb_per_s", "bytes_per_param"})."""
+    n, p = step["samples"], m["params"]
     per_traj = step["completion_tokens"] / n
     seq = prompt_len + per_traj  # tokens per trajectory
     # Generation: prefill the prompts and the tool results (prefix caching spares the rest of a multi-turn history),
@@ -124,32 +125,72 @@ def bounds(m: dict[str, float], step: dict[str, float], hw: dict[str, float], pr
     attn_fwd = 4 * m["layers"] * m["attn_dim"] * (seq / 2)  # FLOPs per token for QK^T and AV
     gen_flops = gen_tokens * (2 * p + attn_fwd)
     iterations = step["sampled_tokens"] / n  # lock-step decode: at least the mean sampled length
+    b = hw["generation"]["bytes_per_param"]
     kv_bytes = n * iterations * (seq / 2) * m["layers"] * 2 * m["kv_dim"] * b
     gen_bytes = iterations * p * b + kv_bytes
-    # Learner: forward + backward over every real token; AdamW reads weights, grads, 2 moments and writes 3 of them.
+    # Learner: forward + backward over every real token; AdamW reads weights, grads, 2 moments and writes 3 of them
+    # (float32 master weights whatever the matmul dtype).
     train_tokens = n * seq
     learn_flops = train_tokens * (6 * p + 3 * attn_fwd)
-    learn_bytes = 7 * p * b + train_tokens * m["layers"] * m["hidden"] * b * 10  # + a few activations per layer
+    learn_bytes = 7 * p * 4 + train_tokens * m["layers"] * m["hidden"] * hw["learner"]["bytes_per_param"] * 10
     out = {}
     for name, flops, nbytes, measured in (
         ("generation", gen_flops, gen_bytes, step["generate_s"]),
         ("learner", learn_flops, learn_bytes, step["learner_s"]),
-        ("whole step", gen_flops + learn_flops, gen_bytes + learn_bytes, step["step_s"]),
     ):
-        bound = max(flops / peak, nbytes / bw)
+        rate = hw[name]
+        flop_s, byte_s = flops / (rate["gflops"] * 1e9), nbytes / (rate["gb_per_s"] * 1e9)
         out[name] = {
             "gflop": flops / 1e9,
             "gbyte": nbytes / 1e9,
-            "flop_bound_s": flops / peak,
-            "byte_bound_s": nbytes / bw,
+            "flop_bound_s": flop_s,
+            "byte_bound_s": byte_s,
+            "bound_s": max(flop_s, byte_s),
             "measured_s": measured,
-            "fraction_of_roofline": bound / measured,
+            "fraction_of_roofline": max(flop_s, byte_s) / measured,
+            **{k: rate[k] for k in ("threads", "dtype", "gflops")},
         }
+    # The step: the phases one after the other on-policy; overlapped, the slower one (they run on separate cores).
+    g, le = out["generation"]["bound_s"], out["learner"]["bound_s"]
+    whole = max(g, le) if step.get("overlapped") else g + le
+    out["whole step"] = {
+        "gflop": (gen_flops + learn_flops) / 1e9,
+        "gbyte": (gen_bytes + learn_bytes) / 1e9,
+        "flop_bound_s": whole,
+        "byte_bound_s": 0.0,
+        "bound_s": whole,
+        "measured_s": step["step_s"],
+        "fraction_of_roofline": whole / step["step_s"],
+    }
     # Per decode iteration: what the engine spends beyond the arithmetic is per-iteration overhead.
     out["generation"]["decode_iterations_at_least"] = iterations
     out["generation"]["measured_s_per_iteration_at_most"] = step["generate_s"] / iterations
-    out["generation"]["flop_bound_s_per_iteration"] = gen_flops / peak / iterations
+    out["generation"]["flop_bound_s_per_iteration"] = out["generation"]["flop_bound_s"] / iterations
     return out
+
+
+def phase_settings(run_dir: Path | None, args) -> dict[str, tuple[int, str]]:
+    """(threads, dtype) each phase ran with: from the run's config.json (its thread defaults resolved for this
+    machine), else the command line."""
+    from agentrl_ray.profiles import default_threads
+
+    cfg = json.loads((run_dir / "config.json").read_text()) if run_dir and (run_dir / "config.json").exists() else {}
+    overlapped = cfg.get("sync", {}).get("max_staleness", 0) > 0
+    workers = cfg.get("rollout", {}).get("num_workers", 1)
+    learners = cfg.get("learner", {}).get("num_workers", 1)
+    gen_threads = (
+        args.gen_threads
+        or cfg.get("rollout", {}).get("num_threads")
+        or default_threads("rollout", overlapped=overlapped, rollout_workers=workers)
+    )
+    learn_threads = (
+        args.learner_threads
+        or cfg.get("learner", {}).get("torch_threads")
+        or default_threads("learner", overlapped=overlapped, rollout_workers=workers, learner_workers=learners)
+    )
+    gen_dtype = args.gen_dtype or ("bf16" if cfg.get("model", {}).get("dtype") == "bfloat16" else "fp32")
+    learn_dtype = args.learner_dtype or ("bf16" if cfg.get("learner", {}).get("bf16") else "fp32")
+    return {"generation": (gen_threads, gen_dtype), "learner": (learn_threads, learn_dtype), "overlapped": overlapped}
 
 
 def main() -> None:
@@ -159,8 +200,12 @@ def main() -> None:
     p.add_argument("--prompt-len", type=float, default=58.8, help="mean prompt tokens (built-in task: 58.8)")
     for name in ("samples", "tokens", "completion-tokens", "generate-s", "learner-s", "step-s"):
         p.add_argument(f"--{name}", type=float, help="use instead of the run's metrics (give them all)")
+    p.add_argument("--gen-threads", type=int, help="threads generation ran with (default: from the run's config)")
+    p.add_argument("--learner-threads", type=int, help="threads the learner ran with (default: the run's config)")
+    p.add_argument("--gen-dtype", choices=["fp32", "bf16"], help="default: the run's model.dtype")
+    p.add_argument("--learner-dtype", choices=["fp32", "bf16"], help="default: bf16 if the run's learner.bf16")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "roofline.json")
     args = p.parse_args()
-    torch.set_num_threads(os.cpu_count() or 1)
     if args.model is None:
         from agentrl_ray.builtin_model import ensure_builtin_model
 
@@ -176,12 +221,28 @@ def main() -> None:
             "step_s": args.step_s or args.generate_s + args.learner_s,
             "source": "command line",
         }
+        settings = phase_settings(None, args)
     else:
         step = {**measured_step(args.run_dir), "source": str(args.run_dir)}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
-    hw = measure_machine(m["hidden"], m["intermediate"])
-    for k, v in hw.items():
-        print(f"  {k:<40} {v:10.1f}")
+        settings = phase_settings(args.run_dir, args)
+    step["overlapped"] = settings.pop("overlapped")
+    print(f"torch {torch.__version__}, {os.cpu_count()} cores; phases ran with {settings}")
+    machine: dict[int, dict[str, float]] = {}
+    for threads in sorted({t for t, _ in settings.values()}):
+        torch.set_num_threads(threads)
+        machine[threads] = measure_machine(m["hidden"], m["intermediate"])
+        for k, v in machine[threads].items():
+            print(f"  {threads} thread(s) {k:<40} {v:10.1f}")
+    hw = {
+        phase: {
+            "threads": t,
+            "dtype": d,
+            "gflops": machine[t][f"gemm_2048_{d}_gflops"],
+            "gb_per_s": machine[t]["copy_gb_per_s"],
+            "bytes_per_param": 2 if d == "bf16" else 4,
+        }
+        for phase, (t, d) in settings.items()
+    }
     print(f"model: {m['params'] / 1e6:.2f}M params ({m['params'] * 4 / 2**20:.1f} MiB fp32), {m}")
     print(f"step ({step['source']}): {json.dumps({k: round(v, 2) for k, v in step.items() if k != 'source'})}")
     result = bounds(m, step, hw, args.prompt_len)
@@ -197,9 +258,8 @@ def main() -> None:
         f"{1e3 * g['measured_s_per_iteration_at_most']:.1f} ms measured per iteration against a FLOP bound of "
         f"{1e3 * g['flop_bound_s_per_iteration']:.2f} ms"
     )
-    dest = ROOT / "docs" / "benchmarks" / "roofline.json"
-    dest.write_text(json.dumps({"machine": hw, "model": m, "step": step, "bounds": result}, indent=2))
-    print(f"wrote {dest}")
+    args.out.write_text(json.dumps({"machine": machine, "model": m, "step": step, "bounds": result}, indent=2))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
