@@ -296,7 +296,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     sampler = PromptSampler(config["train_rows"], cfg.rollout.prompts_per_step, cfg.run.seed)
     log = rollouts = None
     if rank == 0:
-        sync = make_weight_sync(cfg.sync.transport, lora_scaling=policy.lora_scaling, use_gpu=cfg.learner.use_gpu)
+        sync = make_weight_sync(
+            cfg.sync.transport,
+            lora_scaling=policy.lora_scaling,
+            use_gpu=cfg.learner.use_gpu,
+            engine_dtype=cfg.model.dtype,
+        )
         sync.setup(pool)
         rollouts = Rollouts(pool, sampler, cfg, sync)
         log = MetricsLog(cfg.run_dir, cfg.run, cfg.to_dict(), cfg.run.steps)

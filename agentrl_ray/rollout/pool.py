@@ -103,14 +103,24 @@ class RolloutPool:
         self.flush()
 
     def load_lora(self, adapter: dict[str, torch.Tensor], scaling: float, version: int) -> None:
-        self.load_later(adapter, version, lora_scaling=scaling)
+        self.load_later(list(adapter.items()), version, lora_scaling=scaling)
         self.flush()
 
-    def load_later(self, weights: Any, version: int, *, lora_scaling: float | None = None) -> None:
-        """Put new weights (a list of named tensors, or a LoRA adapter dict with its scaling) in the object store
-        now; every worker loads them at the start of its next rollout, before generating anything (one call, so
-        the order is guaranteed), or at `flush()`. Newer weights replace ones not yet loaded."""
-        ref = ray.put(weights)
+    def load_later(
+        self,
+        weights: list[tuple[str, torch.Tensor]],
+        version: int,
+        *,
+        lora_scaling: float | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """Put new weights (named tensors: a state dict, or LoRA A/B tensors with their scaling) in the object store
+        now, packed into one buffer (`sync.packing`; floating-point tensors cast to `dtype` if given); every worker
+        loads them at the start of its next rollout, before generating anything (one call, so the order is
+        guaranteed), or at `flush()`. Newer weights replace ones not yet loaded."""
+        from agentrl_ray.sync.packing import pack
+
+        ref = ray.put(pack(weights, dtype))
         self._pending = (
             ("state_dict", ref, (version,)) if lora_scaling is None else ("lora", ref, (lora_scaling, version))
         )

@@ -231,10 +231,12 @@ class RolloutWorker:
     async def load_weights(self, weights: tuple[str, Any, tuple]) -> int:
         """Apply `RolloutPool.load_later`'s payload: ("state_dict", ref of named tensors, (version,)) or
         ("lora", ref of an adapter, (scaling, version)). Ray does not resolve a reference nested in an argument."""
+        from agentrl_ray.sync.packing import unpack
+
         kind, ref, args = weights
-        payload = await ref
+        payload = unpack(*(await ref))
         if kind == "lora":
-            return self.load_lora(payload, *args)
+            return self.load_lora(dict(payload), *args)
         return self.load_state_dict(payload, *args)
 
     def load_state_dict(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:

@@ -20,8 +20,9 @@ class ObjectStoreSync:
     rollout (`RolloutPool.load_later`), so the learner never waits for a load. Timings: the learner's part is
     `time/sync_s`, the workers' part `time/load_weights_s`."""
 
-    def __init__(self, lora_scaling: float | None = None) -> None:
+    def __init__(self, lora_scaling: float | None = None, engine_dtype: torch.dtype | None = None) -> None:
         self.lora_scaling = lora_scaling
+        self.engine_dtype = engine_dtype  # full weights travel in the engines' dtype (they would cast them anyway)
         self.pool: RolloutPool | None = None
 
     def setup(self, pool: RolloutPool) -> None:
@@ -29,9 +30,9 @@ class ObjectStoreSync:
 
     def push(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
         if self.lora_scaling is None:
-            self.pool.load_later(named, version)
-        else:
-            self.pool.load_later(dict(named), version, lora_scaling=self.lora_scaling)
+            self.pool.load_later(named, version, dtype=self.engine_dtype)
+        else:  # the worker merges the adapter into its float32 base copy: keep it float32
+            self.pool.load_later(list(named), version, lora_scaling=self.lora_scaling)
 
 
 class CollectiveSync:
@@ -58,7 +59,7 @@ class CollectiveSync:
         self.pool.wait(pending)
 
 
-def make_weight_sync(transport: str, *, lora_scaling: float | None, use_gpu: bool):
+def make_weight_sync(transport: str, *, lora_scaling: float | None, use_gpu: bool, engine_dtype: str = "float32"):
     if transport == "collective":
         return CollectiveSync("cuda" if use_gpu else "cpu")
-    return ObjectStoreSync(lora_scaling)
+    return ObjectStoreSync(lora_scaling, getattr(torch, engine_dtype))
