@@ -64,7 +64,8 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = True
     # CPU threads of each engine; 0 = the node's cores shared among the engines (on-policy, rollout and learning
-    # alternate, so each phase may use the whole node; with sync.max_staleness=1 the engines get half of it).
+    # alternate, so each phase may use the whole node; with sync.max_staleness=1 the engines share half of it,
+    # see profiles.default_threads).
     num_threads: int = 0
 
 
@@ -146,7 +147,7 @@ class LearnerConfig:
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
     micro_batch_size: int = 32
-    torch_threads: int = 0  # 0 = every core of the node, half with sync.max_staleness=1 (see rollout.num_threads)
+    torch_threads: int = 0  # 0 = every core of the node, shared by its learner workers (profiles.default_threads)
     # Mixed precision for the DDP learner (CPU or GPU): bfloat16 autocast, float32 weights and optimizer (like
     # TRL's bf16=True). ~2.6x faster on a 25M model on an AMX CPU (docs/benchmarks.md). DeepSpeed uses its own.
     bf16: bool = False

@@ -66,7 +66,9 @@ def init_ray(cfg: Config) -> None:
 
     if ray.is_initialized():
         return
-    env_vars = dict(QUIET_ENV)
+    from agentrl_ray.profiles import overlap_env
+
+    env_vars = {**QUIET_ENV, **overlap_env(cfg.sync.max_staleness > 0, cfg.learner.use_gpu)}
     if not cfg.learner.use_gpu:
         env_vars["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would otherwise probe for GPUs and warn
     if os.environ.get("RAY_ADDRESS"):

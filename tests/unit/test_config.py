@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from agentrl_ray.config import ConfigError, load_config, parse_overrides
-from agentrl_ray.profiles import Hardware, default_threads, profile_preset, resolve_profile
+from agentrl_ray.profiles import Hardware, default_threads, overlap_env, profile_preset, resolve_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(ROOT.glob("examples/**/*.yaml"))
@@ -88,17 +88,21 @@ def test_profiles_from_hardware():
     assert gpu["rollout"]["num_workers"] == 2 and gpu["sync"]["transport"] == "collective"
 
 
-def test_thread_defaults_split_the_cores_only_when_phases_overlap():
-    # On-policy the phases alternate: each may use every core; the engines share them.
+def test_thread_defaults_and_wait_policy(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    # On-policy the phases alternate: each may use every core; engines (or learner workers) share them.
     assert default_threads("learner", overlapped=False, rollout_workers=1, cores=2) == 2
     assert default_threads("rollout", overlapped=False, rollout_workers=1, cores=2) == 2
     assert default_threads("rollout", overlapped=False, rollout_workers=2, cores=8) == 4
-    # Overlapped: learner and engines run at once, on disjoint halves.
-    assert default_threads("learner", overlapped=True, rollout_workers=1, cores=2) == 1
-    assert default_threads("rollout", overlapped=True, rollout_workers=1, cores=2) == 1
-    assert default_threads("learner", overlapped=True, rollout_workers=2, cores=16) == 8
-    assert default_threads("rollout", overlapped=True, rollout_workers=2, cores=16) == 4
-    assert default_threads("rollout", overlapped=True, rollout_workers=4, cores=2) == 1  # never 0
-    # Several learner workers on one node share the learner's cores.
     assert default_threads("learner", overlapped=False, rollout_workers=1, learner_workers=2, cores=8) == 4
+    # Overlapped: the learner keeps every core, the engines share half of them, never 0 threads.
+    assert default_threads("learner", overlapped=True, rollout_workers=1, cores=2) == 2
+    assert default_threads("rollout", overlapped=True, rollout_workers=1, cores=2) == 1
+    assert default_threads("rollout", overlapped=True, rollout_workers=2, cores=16) == 4
+    assert default_threads("rollout", overlapped=True, rollout_workers=4, cores=2) == 1
     assert default_threads("learner", overlapped=True, rollout_workers=1, learner_workers=2, cores=2) == 1
+    # Oversubscribed cores only when overlapped on CPU: then OpenMP threads must not spin while waiting.
+    assert overlap_env(True, use_gpu=False) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert overlap_env(False, use_gpu=False) == {} and overlap_env(True, use_gpu=True) == {}
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice wins
+    assert overlap_env(True, use_gpu=False) == {}
