@@ -49,8 +49,8 @@ class MetricsLog:
         line = (
             f"step {step:>4}/{self.total_steps} | reward {m['reward/mean']:.3f} | success {m['rollout/success']:.2f} "
             f"| tokens {m['rollout/sampled_tokens']:>6} | time {m['time/step_s']:.1f}s "
-            f"(rollout {m['time/rollout_s']:.1f} env {m['time/env_s']:.1f} learner {m['time/learner_s']:.1f} "
-            f"sync {m['time/sync_s']:.2f})"
+            f"(learner {m['time/learner_s']:.1f} sync {m['time/sync_s']:.2f} | rollout "
+            f"{m.get('time/rollout_worker_s', 0.0):.1f}, learner waited {m['time/rollout_s']:.1f})"
         )
         if "eval/success" in m:
             line += f" | eval success {m['eval/success']:.3f}"
