@@ -83,7 +83,6 @@ class Rollouts:
         from agentrl_ray.algorithms import dynamic_sampling_keep
 
         a, r = self.cfg.algorithm, self.cfg.rollout
-        t0 = time.perf_counter()
         if self.in_flight is not None and self.in_flight[0] == step:
             self._wait()
         if step in self.ready:
@@ -111,7 +110,6 @@ class Rollouts:
             )
         if self.overlap and step + 1 < self.cfg.run.steps:
             self.in_flight = (step + 1, self._start(step + 1))
-        stats["rollout_wait_s"] = time.perf_counter() - t0
         return groups, {**stats, **timings}
 
     def push(self, named: list[tuple[str, torch.Tensor]], version: int) -> tuple[float, float]:
@@ -330,6 +328,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         metrics.update(
             samples=samples, **_phase_times(stats, t_rollout + t_wait, t_learn, t_sync, time.perf_counter() - t_step)
         )
+        metrics.update({k: v for k, v in stats.items() if k.startswith("rollout/")})  # e.g. groups_sampled
         if rank == 0:
             metrics.update(
                 rollout_metrics(groups, cfg, version=step)

@@ -13,6 +13,13 @@ import pytest
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
+AGENT_PORTS = (
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+    "ray-client-server-port",
+)
 
 
 def _port() -> int:
@@ -41,6 +48,9 @@ def head_node(tmp_path, builtin_model_path):
             "--num-cpus=4",
             "--dashboard-host=127.0.0.1",
             f"--dashboard-port={dash}",
+            # Free ports for the per-node agents too: their defaults (52365, ...) clash with any other Ray on this
+            # machine, and then the job server finds "no available agent".
+            *(f"--{flag}={_port()}" for flag in AGENT_PORTS),
             "--disable-usage-stats",
             f"--temp-dir={temp_dir}",
         ],
@@ -53,8 +63,35 @@ def head_node(tmp_path, builtin_model_path):
     try:
         yield f"http://127.0.0.1:{dash}", env
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        _stop_cluster(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _stop_cluster(temp_dir: str) -> None:
+    """Stop this test's cluster only. `ray stop` kills every Ray process on the machine, other users' clusters
+    included; this cluster's own processes name its temp dir on their command line (raylet, GCS, dashboard,
+    monitors), and its workers are their children (they retitle themselves `ray::...`, so their command line does
+    not say)."""
+    import psutil
+
+    roots = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(temp_dir in arg for arg in proc.info["cmdline"] or []):
+            roots.append(proc)
+    procs = {p.pid: p for p in roots}
+    for root in roots:
+        try:
+            procs.update({c.pid: c for c in root.children(recursive=True)})
+        except psutil.NoSuchProcess:
+            pass
+    for proc in procs.values():
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=30)
+    for proc in alive:
+        proc.kill()
 
 
 def test_ray_job_submit_runs_training(head_node, tmp_path):

@@ -116,6 +116,7 @@ def test_overlapped_rollout_trains_one_version_behind(local_ray, builtin_model_p
     assert ["eval/success" in r for r in records] == [True, False, True, False, True]
     assert all(torch.isfinite(torch.tensor(r["loss/policy_loss"])) for r in records[1:])
     assert all(r["time/rollout_worker_s"] > 0 for r in records[1:])
+    assert all(r["rollout/groups_sampled"] == 4 for r in records[1:])  # dynamic sampling off: every group kept
     base = _weights(__import__("pathlib").Path(builtin_model_path))
     final = _weights(cfg.run_dir / "checkpoint_000004" / "model")
     assert sum(not torch.equal(base[k], final[k]) for k in final if k in base) > len(final) // 2
