@@ -18,6 +18,8 @@ import json
 import logging
 import sys
 
+from agentrl_ray.config import BUILTIN_MODELS
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentrl-ray", description="Ray-distributed GRPO + ECHO for tool-using agents")
@@ -31,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
             help="an optional YAML config file, then dotted overrides such as learner.lr=1e-5",
         )
     build = sub.add_parser("build-model", help="build and cache a built-in model (default: the tiny default model)")
-    build.add_argument("--size", default="tiny", choices=["tiny", "small"], help="small: ~25M parameters")
+    build.add_argument("--size", default="tiny", choices=BUILTIN_MODELS, help="small: ~25M parameters")
     return p
 
 

@@ -30,14 +30,10 @@ QUIET_ENV = {
 
 
 def resolve_model(path: str) -> str:
-    if path.startswith("builtin:"):
-        from agentrl_ray.builtin_model import RECIPES, ensure_builtin_model
+    if path.startswith("builtin:"):  # the size was checked with the config (config.BUILTIN_MODELS)
+        from agentrl_ray.builtin_model import ensure_builtin_model
 
-        size = path.removeprefix("builtin:")
-        if size not in RECIPES:
-            known = ", ".join(f"builtin:{s}" for s in RECIPES)
-            raise ConfigError(f"model.path {path!r}: the built-in models are {known}")
-        return str(ensure_builtin_model(size=size))
+        return str(ensure_builtin_model(size=path.removeprefix("builtin:")))
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
         raise ConfigError(

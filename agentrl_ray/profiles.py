@@ -27,8 +27,13 @@ class Hardware:
         return self.gpus == 0 and self.cpus >= 8 and self.ram_gib >= 32
 
 
+def node_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def detect_hardware() -> Hardware:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = node_cores()
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
@@ -127,8 +132,7 @@ def default_threads(
     itself; while both run, the cores are oversubscribed, which costs little only because the driver then makes
     OpenMP threads sleep instead of spin when they wait (`OMP_WAIT_POLICY=PASSIVE`, `overlap_env`).
     """
-    if not cores:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = cores or node_cores()
     if role == "learner":
         return max(1, cores // max(1, learner_workers))
     engines = max(1, cores // 2) if overlapped else cores

@@ -126,15 +126,20 @@ async def run_episodes(
 
 async def per_host(requests: list[tuple[Any, tuple]], method: str) -> list[Any]:
     """Call `method` for each (env host, arguments) pair, as one `<method>_many` call per host (a few Ray calls per
-    turn, not one per episode); results come back in `requests` order."""
+    turn, not one per episode); results come back in `requests` order. Every host's call finishes before the first
+    error is raised, so a caller that cleans up after an error never races a call still running."""
     by_host: dict[int, list[int]] = {}
     for i, (host, _) in enumerate(requests):
         by_host.setdefault(id(host), []).append(i)
     refs = [
         getattr(requests[idx[0]][0], f"{method}_many").remote([requests[i][1] for i in idx]) for idx in by_host.values()
     ]
+    outcomes = await asyncio.gather(*refs, return_exceptions=True)
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    if failed:
+        raise failed[0]
     out: list[Any] = [None] * len(requests)
-    for idx, results in zip(by_host.values(), await asyncio.gather(*refs)):
+    for idx, results in zip(by_host.values(), outcomes):
         for i, result in zip(idx, results):
             out[i] = result
     return out

@@ -8,7 +8,6 @@ copy of the base weights so the payload scales with the adapter, not the model.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import zlib
 from typing import Any
@@ -143,35 +142,25 @@ class RolloutWorker:
                 host = self.env_hosts[zlib.crc32(key.encode()) % len(self.env_hosts)]
                 keys.append(key)
                 hosts.append(host)
-        by_host: dict[int, list[int]] = {}
-        for i, host in enumerate(hosts):
-            by_host.setdefault(id(host), []).append(i)
-        refs = [
-            hosts[idx[0]].create_many.remote(
-                self.env_cfg.name, self.env_cfg.kwargs, [(keys[i], rows[i // group_size]) for i in idx]
-            )
-            for idx in by_host.values()
-        ]
-        outcomes = await asyncio.gather(*refs, return_exceptions=True)
-        failed = [o for o in outcomes if isinstance(o, BaseException)]
-        if failed:  # hosts that succeeded keep nothing open
-            ok = [i for idx, o in zip(by_host.values(), outcomes) if not isinstance(o, BaseException) for i in idx]
-            await self._close([(hosts[i], keys[i]) for i in ok])
-            raise failed[0]
-        reset_texts: list[str | None] = [None] * len(keys)
-        for idx, texts in zip(by_host.values(), outcomes):
-            for i, text in zip(idx, texts):
-                reset_texts[i] = text
         episodes = []
         prompts: dict[tuple[int, str | None], list[int]] = {}  # a group shares its prompt unless reset() differs
         try:
+            reset_texts = await per_host(
+                [
+                    (h, (k, self.env_cfg.name, self.env_cfg.kwargs, rows[i // group_size]))
+                    for i, (h, k) in enumerate(zip(hosts, keys))
+                ],
+                "create",
+            )
             for i, (key, host, extra) in enumerate(zip(keys, hosts, reset_texts)):
                 row = rows[i // group_size]
                 ids = prompts.get((i // group_size, extra))
                 if ids is None:
                     ids = prompts[(i // group_size, extra)] = self._prompt_ids(row, extra)
                 episodes.append(Episode(key, str(row["id"]), i % group_size, host, list(ids), prompt_len=len(ids)))
-        except BaseException:  # e.g. a prompt over the token budget: close what was opened, then report it
+        except BaseException:
+            # A failed reset on one host (its batch closes itself), or a prompt over the token budget: close every
+            # environment of the batch (closing an unknown key is a no-op), then report it.
             await self._close(list(zip(hosts, keys)))
             raise
         return episodes
