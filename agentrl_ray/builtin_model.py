@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from agentrl_ray.chat_format import END_OF_TURN, encode_segments, tool_response_segments
+from agentrl_ray.chat_format import END_OF_TURN, ToolCall, encode_segments, render_tool_call, tool_response_segments
 from agentrl_ray.tasks import arithmetic
 
 log = logging.getLogger(__name__)
@@ -292,8 +292,7 @@ def train_tokenizer(recipe: Recipe, tools: list[dict[str, Any]], problems: list[
 
 
 def tool_call_text(expression: str) -> str:
-    args = json.dumps({"expression": expression})
-    return f'<tool_call>\n{{"name": "calculator", "arguments": {args}}}\n</tool_call>'
+    return render_tool_call(ToolCall("calculator", {"expression": expression}))
 
 
 def answer_text(value: int) -> str:

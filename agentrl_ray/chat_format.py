@@ -1,4 +1,6 @@
-"""The token-level chat format of a tool-using conversation, shared by rollouts and supervised warm-up.
+"""The hermes chat format of a tool-using conversation, both directions, shared by rollouts, env hosts, rewards and
+the supervised warm-up: rendering (the token segments appended after a turn, a tool call's text) and parsing (the
+tool calls of an assistant turn, the final answer of the last one).
 
 Tokens in, tokens out: the rollout never re-renders a conversation. After the policy emits a turn ending in
 `<|im_end|>`, the tool results are appended as separately encoded segments, each tagged with its role:
@@ -17,47 +19,153 @@ A turn-based environment's observation becomes a plain user message, appended th
     \\n<|im_start|>user\\n                    template
     {observation}                           env
     <|im_end|>\\n<|im_start|>assistant\\n     template
+
+Parsing reads the format that Qwen2.5 chat templates render, vLLM's `hermes` tool parser reads and TRL's tool loop
+expects (`render_tool_call` writes it):
+
+    Let me compute that.
+    <tool_call>
+    {"name": "calculator", "arguments": {"expression": "2 + 2"}}
+    </tool_call>
+
+A malformed call never raises: it becomes an entry in `ParsedTurn.errors`, which the env host turns into an error
+observation, so the policy sees what it got wrong and the failure shows up in the tool-error metric.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
 
-Role = Literal["template", "env"]
+from agentrl_ray.types import TokenRole
+
+Segment = tuple[str, TokenRole]  # a text and the role of every token it encodes to
 
 END_OF_TURN = "<|im_end|>"
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 
 
-def tool_response_segments(results: list[str]) -> list[tuple[str, Role]]:
+def tool_response_segments(results: list[str]) -> list[Segment]:
     """The text segments (with roles) that follow an assistant turn carrying tool calls."""
-    segments: list[tuple[str, Role]] = [("\n<|im_start|>user", "template")]
+    segments: list[Segment] = [("\n<|im_start|>user", TokenRole.TEMPLATE)]
     for text in results:
-        segments.append(("\n<tool_response>\n", "template"))
+        segments.append(("\n<tool_response>\n", TokenRole.TEMPLATE))
         if text:
-            segments.append((text, "env"))
-        segments.append(("\n</tool_response>", "template"))
-    segments.append(("<|im_end|>\n<|im_start|>assistant\n", "template"))
+            segments.append((text, TokenRole.ENV))
+        segments.append(("\n</tool_response>", TokenRole.TEMPLATE))
+    segments.append(("<|im_end|>\n<|im_start|>assistant\n", TokenRole.TEMPLATE))
     return segments
 
 
-def user_turn_segments(text: str) -> list[tuple[str, Role]]:
+def user_turn_segments(text: str) -> list[Segment]:
     """The text segments (with roles) of a user message that follows an assistant turn (which ended in <|im_end|>),
     up to the next assistant header: what the template renders for `{"role": "user", "content": text}` there."""
-    segments: list[tuple[str, Role]] = [("\n<|im_start|>user\n", "template")]
+    segments: list[Segment] = [("\n<|im_start|>user\n", TokenRole.TEMPLATE)]
     if text:
-        segments.append((text, "env"))
-    segments.append(("<|im_end|>\n<|im_start|>assistant\n", "template"))
+        segments.append((text, TokenRole.ENV))
+    segments.append(("<|im_end|>\n<|im_start|>assistant\n", TokenRole.TEMPLATE))
     return segments
 
 
-def encode_segments(tokenizer, segments: list[tuple[str, Role]]) -> tuple[list[int], list[Role]]:
+def encode_segments(tokenizer, segments: list[Segment]) -> tuple[list[int], list[TokenRole]]:
     """Encode each segment on its own (no special tokens added) and return ids with a role per id."""
     ids: list[int] = []
-    roles: list[Role] = []
+    roles: list[TokenRole] = []
     for text, role in segments:
         piece = tokenizer.encode(text, add_special_tokens=False)
         ids.extend(piece)
         roles.extend([role] * len(piece))
     return ids, roles
+
+
+# ---------------------------------------------------------------- tool calls: render and parse
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class ParsedTurn:
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    content: str = ""  # the text outside the tool-call blocks
+
+
+_BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
+_SNIPPET = 80  # characters of a bad block quoted back in its error message
+
+
+def parse_tool_calls(text: str) -> ParsedTurn:
+    """All tool calls of one assistant turn, in order, with one error per malformed block."""
+    turn = ParsedTurn()
+    outside: list[str] = []
+    pos = 0
+    for match in _BLOCK.finditer(text):
+        outside.append(text[pos : match.start()])
+        pos = match.end()
+        call, error = _parse_block(match.group(1))
+        if call is not None:
+            turn.calls.append(call)
+        else:
+            turn.errors.append(error)
+    tail = text[pos:]
+    if TOOL_CALL_OPEN in tail:
+        # Usually the turn ran out of tokens mid-call; the partial call cannot be run.
+        start = tail.index(TOOL_CALL_OPEN)
+        snippet = _snip(tail[start + len(TOOL_CALL_OPEN) :])
+        turn.errors.append(f"unclosed {TOOL_CALL_OPEN} tag (no {TOOL_CALL_CLOSE} after: {snippet})")
+        tail = tail[:start]
+    if TOOL_CALL_CLOSE in "".join(outside) + tail:
+        turn.errors.append(f"{TOOL_CALL_CLOSE} without a matching {TOOL_CALL_OPEN}")
+    outside.append(tail)
+    turn.content = "".join(outside).replace(TOOL_CALL_CLOSE, "").strip()
+    return turn
+
+
+def render_tool_call(call: ToolCall) -> str:
+    """The text of one tool call as an assistant turn writes it (what `parse_tool_calls` reads back)."""
+    return f"{TOOL_CALL_OPEN}\n{json.dumps({'name': call.name, 'arguments': call.arguments})}\n{TOOL_CALL_CLOSE}"
+
+
+def _parse_block(body: str) -> tuple[ToolCall | None, str]:
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as e:
+        return None, f"tool call is not valid JSON ({e.msg} at char {e.pos}): {_snip(body)}"
+    if not isinstance(obj, dict):
+        return None, f'tool call must be a JSON object {{"name": ..., "arguments": {{...}}}}, got: {_snip(body)}'
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return None, f'tool call has no "name" string: {_snip(body)}'
+    arguments = obj.get("arguments", {})
+    if isinstance(arguments, str):
+        # OpenAI-style calls carry the arguments as a JSON-encoded string; accept that spelling too.
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            return None, f'tool call to {name!r}: "arguments" is a string that is not a JSON object'
+    if not isinstance(arguments, dict):
+        return None, f'tool call to {name!r}: "arguments" must be a JSON object, got {type(arguments).__name__}'
+    return ToolCall(name=name.strip(), arguments=arguments), ""
+
+
+def _snip(s: str) -> str:
+    s = s.strip()
+    return s if len(s) <= _SNIPPET else s[:_SNIPPET] + "..."
+
+
+# A number, optionally signed; a sign right after a word character or digit is an operator ("10-3"), not a sign.
+# Thousands separators are accepted only in well-formed groups so that "3,4" stays two numbers.
+_NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|(?<![\w.])-?\.\d+")
+
+
+def extract_final_answer(text: str) -> str | None:
+    """The last number in a final answer ("The answer is -12.5." -> "-12.5"), commas removed; None if none."""
+    matches = _NUMBER.findall(text)
+    return matches[-1].replace(",", "") if matches else None

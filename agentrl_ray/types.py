@@ -2,7 +2,7 @@
 
 Each is validated on construction so a malformed trajectory fails where it was made, not three actors later.
 
-Token roles, one 0/1 mask each, all as long as `token_ids`:
+Token roles (`TokenRole`), one 0/1 mask each in a `Trajectory`, all as long as `token_ids`:
 - action: sampled by the policy (GRPO loss);
 - env: the tool's own output text, or a turn-based environment's observation (ECHO loss);
 - template: chat scaffolding around a tool result (no loss);
@@ -11,9 +11,29 @@ Token roles, one 0/1 mask each, all as long as `token_ids`:
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 import torch
+
+
+class TokenRole(enum.IntEnum):
+    """Who produced a token: the one spelling used by the agent loop, the chat format and the masks."""
+
+    PROMPT = 0
+    ACTION = 1
+    ENV = 2
+    TEMPLATE = 3
+
+
+def role_masks(roles: list[TokenRole]) -> dict[str, list[int]]:
+    """The three 0/1 masks of a `Trajectory` from one role per token (prompt tokens are in none)."""
+    return {
+        "action_mask": [int(r == TokenRole.ACTION) for r in roles],
+        "env_mask": [int(r == TokenRole.ENV) for r in roles],
+        "template_mask": [int(r == TokenRole.TEMPLATE) for r in roles],
+    }
+
 
 # "answer": a tool episode's final answer; "done": a turn-based environment ended the episode (see rollout.agent_loop).
 FINISH_REASONS = ("answer", "done", "max_turns", "length", "error")

@@ -27,8 +27,7 @@ import time
 import torch
 
 from agentrl_ray.builtin_model import calculator_tools, ensure_builtin_model
-from agentrl_ray.chat_format import encode_segments, tool_response_segments
-from agentrl_ray.rollout.tool_parser import extract_final_answer, parse_tool_calls
+from agentrl_ray.chat_format import encode_segments, extract_final_answer, parse_tool_calls, tool_response_segments
 from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
 

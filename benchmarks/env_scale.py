@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrl_ray.rollout.tool_parser import ToolCall  # noqa: E402
+from agentrl_ray.chat_format import ToolCall  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

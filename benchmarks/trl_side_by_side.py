@@ -238,9 +238,9 @@ def evaluate(model_dir: str, task: str, s: Settings) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentrl_ray.builtin_model import calculator_tools
+    from agentrl_ray.chat_format import parse_tool_calls
     from agentrl_ray.envs.calculator import CalculatorEnv
     from agentrl_ray.rewards.builtin import answer_match
-    from agentrl_ray.rollout.tool_parser import parse_tool_calls
     from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl_ray.chat_format import ToolCall
 from agentrl_ray.envs.base import coerce_arguments, load_env_class, tool_methods
-from agentrl_ray.rollout.tool_parser import ToolCall
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from agentrl_ray.rollout.tool_parser import extract_final_answer, parse_tool_calls
+from agentrl_ray.chat_format import extract_final_answer, parse_tool_calls
 
 Completion = list[dict[str, Any]] | str
 

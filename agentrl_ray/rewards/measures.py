@@ -20,8 +20,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from agentrl_ray.chat_format import extract_final_answer, parse_tool_calls
 from agentrl_ray.rewards.builtin import Completion, count_tool_calls, final_answer_text, messages_of
-from agentrl_ray.rollout.tool_parser import extract_final_answer, parse_tool_calls
 
 Measure = Callable[..., tuple[bool, str]]
 

@@ -26,12 +26,17 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl_ray.chat_format import Role, encode_segments, tool_response_segments, user_turn_segments
+from agentrl_ray.chat_format import (
+    Segment,
+    encode_segments,
+    parse_tool_calls,
+    tool_response_segments,
+    user_turn_segments,
+)
 from agentrl_ray.config import RolloutConfig
 from agentrl_ray.rollout.engine import VLLMEngine
-from agentrl_ray.rollout.tool_parser import parse_tool_calls
+from agentrl_ray.types import TokenRole
 
-PROMPT, ACTION, ENV, TEMPLATE = 0, 1, 2, 3
 logger = logging.getLogger(__name__)
 
 
@@ -43,7 +48,7 @@ class Episode:
     env: Any  # handle of the env actor hosting this episode's environment
     ids: list[int]
     prompt_len: int
-    roles: list[int] = field(default_factory=list)
+    roles: list[TokenRole] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     messages: list[dict[str, str]] = field(default_factory=list)  # completion in TRL conversational format
     finish_reason: str = ""
@@ -51,10 +56,10 @@ class Episode:
     num_tool_errors: int = 0
 
     def __post_init__(self) -> None:
-        self.roles = [PROMPT] * len(self.ids)
+        self.roles = [TokenRole.PROMPT] * len(self.ids)
         self.logprobs = [0.0] * len(self.ids)
 
-    def append(self, ids: list[int], role: int, logprobs: list[float] | None = None) -> None:
+    def append(self, ids: list[int], role: TokenRole, logprobs: list[float] | None = None) -> None:
         self.ids.extend(ids)
         self.roles.extend([role] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
@@ -96,7 +101,7 @@ async def run_episodes(
         last_turn = turn == cfg.max_turns - 1
         pending: list[tuple[Episode, tuple]] = []  # (episode, arguments of its env call)
         for ep, gen in zip(live, gens):
-            ep.append(gen.token_ids, ACTION, gen.logprobs)
+            ep.append(gen.token_ids, TokenRole.ACTION, gen.logprobs)
             text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
             text = text.removesuffix(tokenizer.eos_token or "")
             ep.messages.append({"role": "assistant", "content": text})
@@ -186,7 +191,7 @@ def _after_step(ep: Episode, result, last_turn: bool, tokenizer, cfg: RolloutCon
         ep.messages.append({"role": "user", "content": observation})
 
 
-def _append_segments(ep: Episode, segments: list[tuple[str, Role]], tokenizer, cfg: RolloutConfig) -> bool:
+def _append_segments(ep: Episode, segments: list[Segment], tokenizer, cfg: RolloutConfig) -> bool:
     """Append environment segments; False (finish reason "length") when they leave no room for another token."""
     ids, roles = encode_segments(tokenizer, segments)
     # Room is needed for the segments plus at least one generated token.
@@ -194,6 +199,6 @@ def _append_segments(ep: Episode, segments: list[tuple[str, Role]], tokenizer, c
         ep.finish_reason = "length"
         return False
     ep.ids.extend(ids)
-    ep.roles.extend(ENV if r == "env" else TEMPLATE for r in roles)
+    ep.roles.extend(roles)
     ep.logprobs.extend([0.0] * len(ids))
     return True

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from agentrl_ray.config import EnvConfig, ModelConfig, RewardConfig, RolloutConfig
-from agentrl_ray.rollout.agent_loop import ACTION, ENV, TEMPLATE, Episode, per_host, run_episodes
-from agentrl_ray.types import Trajectory, TrajectoryGroup
+from agentrl_ray.rollout.agent_loop import Episode, per_host, run_episodes
+from agentrl_ray.types import Trajectory, TrajectoryGroup, role_masks
 
 
 class RolloutWorker:
@@ -198,9 +198,7 @@ class RolloutWorker:
             prompt_id=ep.prompt_id,
             sample_index=ep.sample_index,
             token_ids=ep.ids,
-            action_mask=[int(r == ACTION) for r in ep.roles],
-            env_mask=[int(r == ENV) for r in ep.roles],
-            template_mask=[int(r == TEMPLATE) for r in ep.roles],
+            **role_masks(ep.roles),
             rollout_logprobs=ep.logprobs,
             reward=float(reward),
             reward_parts=parts,

@@ -6,8 +6,8 @@ import time
 import pytest
 import ray
 
+from agentrl_ray.chat_format import ToolCall, parse_tool_calls
 from agentrl_ray.envs.host import EnvHost, ToolResult
-from agentrl_ray.rollout.tool_parser import ToolCall, parse_tool_calls
 
 CALCULATOR = "agentrl_ray.envs.calculator:CalculatorEnv"
 

@@ -35,13 +35,14 @@ from agentrl_ray.chat_format import (
     END_OF_TURN,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
+    ToolCall,
     encode_segments,
+    parse_tool_calls,
     tool_response_segments,
 )
 from agentrl_ray.envs.host import EnvHost, ToolResult
 from agentrl_ray.envs.sandbox import network_isolation_available
-from agentrl_ray.rollout.tool_parser import ToolCall, parse_tool_calls
-from agentrl_ray.types import Trajectory, TrajectoryGroup
+from agentrl_ray.types import TokenRole, Trajectory, TrajectoryGroup, role_masks
 
 pytestmark = [
     pytest.mark.slow,
@@ -200,7 +201,9 @@ def check_host_unaffected(hosts: list, owner: dict, server: socket.socket, targe
 # ---------------------------------------------------------------- trajectories and the learner step
 
 
-def token_roles(tokenizer, prompt_ids: list[int], r: Rollout, result: list[ToolResult]) -> tuple[list[int], list[str]]:
+def token_roles(
+    tokenizer, prompt_ids: list[int], r: Rollout, result: list[ToolResult]
+) -> tuple[list[int], list[TokenRole]]:
     """Prompt, the tool call (sampled: action), the encoded tool result (env/template), the final answer (action)."""
     call = tokenizer.encode(tool_call_text(r.code) + END_OF_TURN, add_special_tokens=False)
     obs_ids, obs_roles = encode_segments(tokenizer, tool_response_segments([x.text for x in result]))
@@ -208,7 +211,8 @@ def token_roles(tokenizer, prompt_ids: list[int], r: Rollout, result: list[ToolR
         ("It printed " + result[0].text if not r.hostile else "Blocked.") + END_OF_TURN, add_special_tokens=False
     )
     ids = [*prompt_ids, *call, *obs_ids, *answer]
-    roles = ["prompt"] * len(prompt_ids) + ["action"] * len(call) + list(obs_roles) + ["action"] * len(answer)
+    action = TokenRole.ACTION
+    roles = [TokenRole.PROMPT] * len(prompt_ids) + [action] * len(call) + list(obs_roles) + [action] * len(answer)
     return ids, roles
 
 
@@ -245,15 +249,14 @@ def build_groups(tokenizer, model_path: str, batch: list[Rollout], results: dict
     groups: dict[str, list[Trajectory]] = {p: [] for p in members}
     for (prompt_id, index, r, prompt_len, ids, roles), lp in zip(built, logprobs):
         assert len(ids) <= max_tokens, f"{r.key}: {len(ids)} tokens"
-        action = [int(x == "action") for x in roles]
+        masks = role_masks(roles)
+        action = masks["action_mask"]
         groups[prompt_id].append(
             Trajectory(
                 prompt_id=prompt_id,
                 sample_index=index,
                 token_ids=ids,
-                action_mask=action,
-                env_mask=[int(x == "env") for x in roles],
-                template_mask=[int(x == "template") for x in roles],
+                **masks,
                 rollout_logprobs=[v if a else 0.0 for v, a in zip(lp, action)],
                 reward=0.0 if r.hostile else 1.0,
                 policy_version=0,

@@ -12,8 +12,9 @@ import pytest
 from agentrl_ray.chat_format import encode_segments, tool_response_segments
 from agentrl_ray.config import RolloutConfig
 from agentrl_ray.envs.host import EnvHost
-from agentrl_ray.rollout.agent_loop import ACTION, ENV, PROMPT, TEMPLATE, Episode, run_episodes
+from agentrl_ray.rollout.agent_loop import Episode, run_episodes
 from agentrl_ray.rollout.engine import Generation
+from agentrl_ray.types import TokenRole
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call><|im_end|>'
 
@@ -95,13 +96,13 @@ def test_tool_turn_then_answer_keeps_exact_tokens_and_roles(tok):
     answer_ids = tok.encode("The answer is 408.<|im_end|>", add_special_tokens=False)
     assert ep.ids == prompt + call_ids + seg_ids + answer_ids
     expected_roles = (
-        [PROMPT] * len(prompt)
-        + [ACTION] * len(call_ids)
-        + [ENV if r == "env" else TEMPLATE for r in seg_roles]
-        + [ACTION] * len(answer_ids)
+        [TokenRole.PROMPT] * len(prompt)
+        + [TokenRole.ACTION] * len(call_ids)
+        + seg_roles
+        + [TokenRole.ACTION] * len(answer_ids)
     )
     assert ep.roles == expected_roles
-    assert tok.decode([i for i, r in zip(ep.ids, ep.roles) if r == ENV]) == "408"
+    assert tok.decode([i for i, r in zip(ep.ids, ep.roles) if r == TokenRole.ENV]) == "408"
     assert ep.finish_reason == "answer" and ep.num_tool_calls == 1 and ep.num_tool_errors == 0
     assert [m["role"] for m in ep.messages] == ["assistant", "tool", "assistant"]
     assert ep.logprobs[len(prompt)] == -0.5 and ep.logprobs[len(prompt) + len(call_ids)] == 0.0
@@ -121,7 +122,7 @@ def test_budgets_end_episodes(tok):
     assert ep.finish_reason == "max_turns" and ep.num_tool_calls == 1
     # A turn cut by the per-turn budget is truncated ("length").
     _, ep = _run(tok, [CALL], RolloutConfig(max_turns=2, max_tokens_per_turn=5, max_total_tokens=400))
-    assert ep.finish_reason == "length" and ep.roles.count(ACTION) == 5
+    assert ep.finish_reason == "length" and ep.roles.count(TokenRole.ACTION) == 5
     # No room left for the tool result.
     prompt_len = len(
         tok.encode("<|im_start|>user\nWhat is 12 * 34?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
@@ -129,4 +130,4 @@ def test_budgets_end_episodes(tok):
     n_call = len(tok.encode(CALL, add_special_tokens=False))
     cfg = RolloutConfig(max_turns=3, max_tokens_per_turn=n_call, max_total_tokens=prompt_len + n_call + 3)
     _, ep = _run(tok, [CALL], cfg)
-    assert ep.finish_reason == "length" and ep.roles.count(ENV) == 0
+    assert ep.finish_reason == "length" and ep.roles.count(TokenRole.ENV) == 0

@@ -13,7 +13,8 @@ from test_agent_loop import LocalHandle, ScriptedEngine
 from agentrl_ray.chat_format import encode_segments, user_turn_segments
 from agentrl_ray.config import RolloutConfig
 from agentrl_ray.envs.host import EnvHost
-from agentrl_ray.rollout.agent_loop import ACTION, ENV, PROMPT, TEMPLATE, Episode, run_episodes
+from agentrl_ray.rollout.agent_loop import Episode, run_episodes
+from agentrl_ray.types import TokenRole
 
 SCRIPTED = "agentrl_ray.envs.conversation:ScriptedUserEnv"
 # Three assistant turns: the first must greet, the second anything, the third must name Paris.
@@ -71,18 +72,15 @@ def test_observations_become_user_turns_with_exact_tokens_and_roles(tok):
     obs = [encode_segments(tok, user_turn_segments(u)) for u in ROW["user_turns"]]
     assert ep.ids == prompt + sampled[0] + obs[0][0] + sampled[1] + obs[1][0] + sampled[2]
 
-    def env_roles(roles):
-        return [ENV if r == "env" else TEMPLATE for r in roles]
-
     assert ep.roles == (
-        [PROMPT] * len(prompt)
-        + [ACTION] * len(sampled[0])
-        + env_roles(obs[0][1])
-        + [ACTION] * len(sampled[1])
-        + env_roles(obs[1][1])
-        + [ACTION] * len(sampled[2])
+        [TokenRole.PROMPT] * len(prompt)
+        + [TokenRole.ACTION] * len(sampled[0])
+        + obs[0][1]
+        + [TokenRole.ACTION] * len(sampled[1])
+        + obs[1][1]
+        + [TokenRole.ACTION] * len(sampled[2])
     )
-    assert tok.decode([i for i, r in zip(ep.ids, ep.roles) if r == ENV]) == "".join(ROW["user_turns"])
+    assert tok.decode([i for i, r in zip(ep.ids, ep.roles) if r == TokenRole.ENV]) == "".join(ROW["user_turns"])
     assert ep.finish_reason == "done"
     assert [m["role"] for m in ep.messages] == ["assistant", "user", "assistant", "user", "assistant"]
     assert ep.messages[1]["content"] == "Tell me something." and ep.messages[-1]["content"] == "It is Lyon."
@@ -101,14 +99,14 @@ def test_budgets_end_turn_based_episodes(tok):
     assert reward == 2 / 3
     # A turn cut by the per-turn budget is never sent to the environment.
     _, ep, reward = _run(tok, turns, RolloutConfig(max_turns=2, max_tokens_per_turn=3, max_total_tokens=400))
-    assert ep.finish_reason == "length" and ep.num_tool_calls == 0 and ep.roles.count(ACTION) == 3
+    assert ep.finish_reason == "length" and ep.num_tool_calls == 0 and ep.roles.count(TokenRole.ACTION) == 3
     assert reward is None  # no step ran: the environment has no reward to give
     # No room for the observation and one more token.
     n_prompt = len(tok.encode(PROMPT_TEXT, add_special_tokens=False))
     n_turn = len(tok.encode(turns[0], add_special_tokens=False))
     cfg = RolloutConfig(max_turns=3, max_tokens_per_turn=n_turn, max_total_tokens=n_prompt + n_turn + 5)
     _, ep, _ = _run(tok, turns, cfg)
-    assert ep.finish_reason == "length" and ep.num_tool_calls == 1 and ep.roles.count(ENV) == 0
+    assert ep.finish_reason == "length" and ep.num_tool_calls == 1 and ep.roles.count(TokenRole.ENV) == 0
     assert [m["role"] for m in ep.messages] == ["assistant"]
 
 
@@ -120,7 +118,7 @@ def test_silent_observation_and_failing_step(tok):
     turn = tok.encode("Hi.<|im_end|>", add_special_tokens=False)
     empty_user = encode_segments(tok, user_turn_segments(""))[0]
     assert ep.ids == prompt + (turn + empty_user) * 2 + turn
-    assert ep.roles.count(ENV) == 0 and ep.finish_reason == "max_turns" and reward == 0.75
+    assert ep.roles.count(TokenRole.ENV) == 0 and ep.finish_reason == "max_turns" and reward == 0.75
     # A failing step ends the episode and counts as a tool error; the conversation still ends with the assistant.
     _, ep, reward = _run(tok, ["Hi.<|im_end|>"], cfg, path, {"fail": True})
     assert ep.finish_reason == "error" and (ep.num_tool_calls, ep.num_tool_errors) == (1, 1)

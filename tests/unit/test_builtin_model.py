@@ -20,10 +20,10 @@ import torch
 
 from agentrl_ray import builtin_model
 from agentrl_ray.builtin_model import calculator_tools, ensure_builtin_model
-from agentrl_ray.chat_format import encode_segments, tool_response_segments
+from agentrl_ray.chat_format import encode_segments, extract_final_answer, parse_tool_calls, tool_response_segments
 from agentrl_ray.envs.calculator import CalculatorEnv
-from agentrl_ray.rollout.tool_parser import extract_final_answer, parse_tool_calls
 from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
+from agentrl_ray.types import TokenRole
 
 TOOLS = calculator_tools()
 QUESTION = [{"role": "user", "content": "What is 347 * 29?"}]
@@ -195,7 +195,7 @@ def test_tool_result_segments_encode_like_the_whole_conversation(built, results)
     pieces = list(prompt) + sampled + segments + final
     whole = tokenizer.apply_chat_template(messages, tools=TOOLS, return_dict=False)
     assert pieces + tokenizer.encode("\n", add_special_tokens=False) == list(whole)
-    env_text = tokenizer.decode([t for t, r in zip(segments, roles) if r == "env"])
+    env_text = tokenizer.decode([t for t, r in zip(segments, roles) if r == TokenRole.ENV])
     assert env_text == "".join(results)
 
 

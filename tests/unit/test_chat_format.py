@@ -4,6 +4,7 @@ chat template (Qwen2.5 layout) renders for a user message after an assistant mes
 import pytest
 
 from agentrl_ray.chat_format import encode_segments, user_turn_segments
+from agentrl_ray.types import TokenRole
 
 QUESTION = [{"role": "user", "content": "Say hello."}]
 REPLY = {"role": "assistant", "content": "Hello there!"}
@@ -39,11 +40,11 @@ def test_user_turn_segments_match_the_template(tok, observation):
     after = _render(tok, [*QUESTION, REPLY, {"role": "user", "content": observation}], tokenize=False)
     full = _render(tok, [*QUESTION, REPLY, {"role": "user", "content": observation}], add_generation_prompt=True)
     assert before + "".join(text for text, _ in segments) == after + "<|im_start|>assistant\n"
-    assert [text for text, role in segments if role == "env"] == ([observation] if observation else [])
+    assert [text for text, role in segments if role == TokenRole.ENV] == ([observation] if observation else [])
 
     # Tokens in, tokens out: prompt + sampled + separately encoded segments are the ids of the whole rendering.
     prompt = _render(tok, QUESTION, add_generation_prompt=True)
     sampled = tok.encode("Hello there!<|im_end|>", add_special_tokens=False)
     ids, roles = encode_segments(tok, segments)
     assert list(prompt) + sampled + ids == list(full)
-    assert tok.decode([i for i, r in zip(ids, roles) if r == "env"]) == observation
+    assert tok.decode([i for i, r in zip(ids, roles) if r == TokenRole.ENV]) == observation

@@ -7,9 +7,9 @@ import time
 import pytest
 from test_agent_loop import LocalHandle
 
+from agentrl_ray.chat_format import ToolCall
 from agentrl_ray.envs.host import EnvHost
 from agentrl_ray.rollout.agent_loop import per_host
-from agentrl_ray.rollout.tool_parser import ToolCall
 
 CALC = "agentrl_ray.envs.calculator:CalculatorEnv"
 PICKY = "test_env_host_batched:PickyEnv"

@@ -3,8 +3,8 @@
 import asyncio
 import time
 
+from agentrl_ray.chat_format import ToolCall
 from agentrl_ray.envs.host import EnvHost
-from agentrl_ray.rollout.tool_parser import ToolCall
 
 
 class NapEnv:

@@ -10,6 +10,7 @@ from typing import Literal
 
 import pytest
 
+from agentrl_ray.chat_format import ToolCall
 from agentrl_ray.envs.base import (
     Environment,
     coerce_arguments,
@@ -20,7 +21,6 @@ from agentrl_ray.envs.base import (
 )
 from agentrl_ray.envs.calculator import CalculatorEnv, evaluate, format_number
 from agentrl_ray.envs.host import EnvHost, ToolResult
-from agentrl_ray.rollout.tool_parser import ToolCall
 
 
 class Color(enum.Enum):

@@ -9,10 +9,10 @@ import asyncio
 
 from transformers.utils import get_json_schema
 
+from agentrl_ray.chat_format import parse_tool_calls
 from agentrl_ray.envs.base import load_env_class, tool_schemas
 from agentrl_ray.envs.host import EnvHost
 from agentrl_ray.rewards import load_reward_functions, score
-from agentrl_ray.rollout.tool_parser import parse_tool_calls
 
 
 class GuessEnv:

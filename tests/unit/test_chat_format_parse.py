@@ -2,7 +2,7 @@
 
 import pytest
 
-from agentrl_ray.rollout.tool_parser import ToolCall, extract_final_answer, parse_tool_calls
+from agentrl_ray.chat_format import ToolCall, extract_final_answer, parse_tool_calls
 
 
 def _call(name: str, arguments: str) -> str:
