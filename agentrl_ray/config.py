@@ -160,6 +160,8 @@ class SyncConfig:
     # 0: on-policy, every step samples with the newest weights. 1: step t+1's rollout runs while the learner trains
     # on step t (one version behind; the PPO ratio against the sampling logprobs corrects for it).
     max_staleness: int = 0
+    # Collective transport: tensors travel in buckets of at most this many MiB (the extra memory on either end).
+    bucket_mb: int = 256
 
 
 @dataclass
@@ -401,6 +403,7 @@ def validate(cfg: Config) -> None:
         "sync.transport=collective ships full tensors; with learner.lora.enabled use sync.transport=object_store "
         "(adapter-only payload)",
     )
+    need(s.bucket_mb >= 1, "sync.bucket_mb must be at least 1")
     need(cfg.run.steps >= 1, "run.steps must be at least 1")
     need(cfg.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0 (0 = only at the end)")
     need(cfg.run.eval_every >= 0, "run.eval_every must be >= 0 (0 = only at the end)")

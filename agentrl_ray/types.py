@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -139,3 +140,83 @@ class TrainBatch:
 
     def to(self, device: torch.device | str) -> TrainBatch:
         return TrainBatch(**{k: v.to(device) for k, v in self.__dict__.items()})
+
+
+# ---------------------------------------------------------------- weight sync (learner rank 0 → rollout engines)
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """One tensor of a weight update. `offset`/`nbytes` place it in the packed buffer of the object-store transport
+    (`sync.packing`); the collective transport leaves them 0 (its tensors arrive in broadcast order)."""
+
+    name: str
+    dtype: str  # torch dtype name without the "torch." prefix, e.g. "float32"
+    shape: tuple[int, ...]
+    offset: int = 0
+    nbytes: int = 0
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+WEIGHT_KINDS = ("full", "lora")
+
+
+@dataclass
+class WeightUpdate:
+    """A weight update, the one message between `sync.sender` and `sync.receiver`.
+
+    kind "full": Hugging Face named tensors of the whole model; "lora": the adapter's A/B tensors, which the
+    receiver merges into its base weights with `lora_scaling`. Object store: `payload` is the reference of one packed
+    buffer laid out by `tensors`. Collective: `payload` is None and the tensors arrive by broadcast, in order, in
+    `buckets` (tensors per broadcast; each bucket is of one dtype).
+    """
+
+    version: int
+    kind: str
+    tensors: list[TensorMeta]
+    payload: Any = None
+    lora_scaling: float = 0.0
+    buckets: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.kind not in WEIGHT_KINDS:
+            raise ValueError(f"WeightUpdate kind {self.kind!r} not in {WEIGHT_KINDS}")
+        if self.version < 0:
+            raise ValueError(f"WeightUpdate version must be >= 0, got {self.version}")
+        if self.kind == "lora" and self.lora_scaling <= 0:
+            raise ValueError("a LoRA WeightUpdate needs lora_scaling > 0")
+        if self.buckets and sum(self.buckets) != len(self.tensors):
+            raise ValueError(
+                f"WeightUpdate buckets hold {sum(self.buckets)} tensors, the update has {len(self.tensors)}"
+            )
+        if self.payload is None and not self.buckets and self.tensors:
+            raise ValueError("a WeightUpdate needs a payload (object store) or buckets (collective)")
+
+    @property
+    def collective(self) -> bool:
+        return self.payload is None
+
+
+@dataclass
+class RolloutTimings:
+    """Seconds spent in each phase of one rollout call (one worker), or of a step's rollouts (see `merge`)."""
+
+    generate_s: float = 0.0
+    env_s: float = 0.0
+    reward_s: float = 0.0
+    load_weights_s: float = 0.0
+    worker_s: float = 0.0  # the call's wall time
+
+    def slowest(self, other: RolloutTimings) -> RolloutTimings:
+        """Workers run in parallel: per phase, the slowest one counts."""
+        return RolloutTimings(**{k: max(v, getattr(other, k)) for k, v in self.__dict__.items()})
+
+    def plus(self, other: RolloutTimings) -> RolloutTimings:
+        """Rollout rounds run one after the other (dynamic-sampling refills): their times add up."""
+        return RolloutTimings(**{k: v + getattr(other, k) for k, v in self.__dict__.items()})

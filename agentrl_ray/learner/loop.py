@@ -22,7 +22,8 @@ from agentrl_ray.learner.batching import build_batch, loss_norm, micro_batches, 
 from agentrl_ray.learner.policy import TRAINER_STATE, Policy
 from agentrl_ray.outputs import MetricsLog, plot_curves
 from agentrl_ray.profiles import default_threads
-from agentrl_ray.types import TrajectoryGroup
+from agentrl_ray.sync.sender import make_sender
+from agentrl_ray.types import RolloutTimings, TrajectoryGroup
 
 
 class PromptSampler:
@@ -60,12 +61,13 @@ class Rollouts:
         self.pool, self.sampler, self.cfg, self.sync = pool, sampler, cfg, sync
         self.overlap = cfg.sync.max_staleness > 0
         self.in_flight: tuple[int, Any] | None = None  # (step, PendingSample)
-        self.ready: dict[int, tuple[list[TrajectoryGroup], dict]] = {}
+        self.ready: dict[int, tuple[list[TrajectoryGroup], RolloutTimings]] = {}
 
     def _start(self, step: int, refill: int = 0):
         r = self.cfg.rollout
         seed = self.cfg.run.seed * 100003 + step + 7919 * refill
-        return self.pool.start(self.sampler.for_step(step, refill), r.group_size, r.temperature, seed)
+        rows = self.sampler.for_step(step, refill)
+        return self.pool.start(rows, r.group_size, r.temperature, seed, self.sync.take_pending())
 
     def _wait(self) -> float:
         """Gather the batch in flight, if any; returns the seconds spent waiting for it."""
@@ -77,7 +79,7 @@ class Rollouts:
         self.ready[step] = self.pool.gather(pending)
         return time.perf_counter() - t0
 
-    def take(self, step: int, version: int) -> tuple[list[TrajectoryGroup], dict]:
+    def take(self, step: int, version: int) -> tuple[list[TrajectoryGroup], RolloutTimings, dict[str, float]]:
         """The groups of `step` (trained on by weights `version`), with dynamic sampling (DAPO) applied: groups
         whose rewards are all equal are dropped or refilled. Overlapped, also sends out step + 1's batch."""
         from agentrl_ray.algorithms import dynamic_sampling_keep
@@ -97,7 +99,7 @@ class Rollouts:
             while refill and len(groups) < r.prompts_per_step and rounds < a.max_resample_rounds:
                 rounds += 1
                 more, t = self.pool.gather(self._start(step, rounds))
-                timings = {k: timings.get(k, 0.0) + v for k, v in t.items()}
+                timings = timings.plus(t)
                 stats["rollout/groups_sampled"] += len(more)
                 groups += _keep_varied(more, dynamic_sampling_keep)
             groups = groups[: r.prompts_per_step]
@@ -110,7 +112,7 @@ class Rollouts:
             )
         if self.overlap and step + 1 < self.cfg.run.steps:
             self.in_flight = (step + 1, self._start(step + 1))
-        return groups, {**stats, **timings}
+        return groups, timings, stats
 
     def push(self, named: list[tuple[str, torch.Tensor]], version: int) -> tuple[float, float]:
         """Send weights `version` to every engine, after the batch in flight (if any) is back. Returns the seconds
@@ -183,11 +185,11 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
     return out
 
 
-def evaluate(pool, policy: Policy, rows: list[dict[str, Any]], cfg: Config, seed: int, pad_id: int) -> dict:
+def evaluate(pool, sync, policy: Policy, rows: list[dict[str, Any]], cfg: Config, seed: int, pad_id: int) -> dict:
     """Held-out success (sampled at rollout.eval_temperature) and the ECHO held-out environment-token CE."""
     from agentrl_ray.algorithms import token_logprobs_and_entropy
 
-    groups, _ = pool.sample(rows, cfg.run.eval_samples, cfg.rollout.eval_temperature, seed)
+    groups, _ = pool.sample(rows, cfg.run.eval_samples, cfg.rollout.eval_temperature, seed, sync.take_pending())
     trajs = [t for g in groups for t in g.trajectories]
     rewards = [t.reward for t in trajs]
     out = {
@@ -270,8 +272,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
     from transformers import AutoTokenizer
 
-    from agentrl_ray.sync.weight_sync import make_weight_sync
-
     cfg: Config = config["config"]
     pool, model_path = config["pool"], config["model_path"]
     ctx = ray.train.get_context()
@@ -294,25 +294,20 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     sampler = PromptSampler(config["train_rows"], cfg.rollout.prompts_per_step, cfg.run.seed)
     log = rollouts = None
     if rank == 0:
-        sync = make_weight_sync(
-            cfg.sync.transport,
-            lora_scaling=policy.lora_scaling,
-            use_gpu=cfg.learner.use_gpu,
-            engine_dtype=cfg.model.dtype,
-        )
-        sync.setup(pool)
+        sync = make_sender(cfg, policy.lora_scaling)
+        sync.setup(pool.workers)
         rollouts = Rollouts(pool, sampler, cfg, sync)
         log = MetricsLog(cfg.run_dir, cfg.run, cfg.to_dict(), cfg.run.steps)
         log.truncate_after(start)
         if start > 0:  # the rollout engines restarted from the base model: give them the checkpoint's weights
             rollouts.push(policy.named_tensors_for_sync(), start)
         elif cfg.run.eval_at_start:
-            m = evaluate(pool, policy, config["eval_rows"], cfg, seed=-1, pad_id=pad_id)
+            m = evaluate(pool, sync, policy, config["eval_rows"], cfg, seed=-1, pad_id=pad_id)
             log.log(0, {**m, "samples": 0})
             print(f"step    0/{cfg.run.steps} | eval success {m['eval/success']:.3f} (before training)", flush=True)
     for step in range(start, cfg.run.steps):
         t_step = time.perf_counter()
-        groups, stats = rollouts.take(step, version=step) if rank == 0 else (None, {})
+        groups, timings, stats = rollouts.take(step, version=step) if rank == 0 else (None, RolloutTimings(), {})
         t_rollout = time.perf_counter() - t_step
         groups = broadcast_groups(groups, world)
         metrics: dict[str, Any] = {}
@@ -326,9 +321,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         done = step + 1
         samples += sum(len(g.trajectories) for g in groups)
         metrics.update(
-            samples=samples, **_phase_times(stats, t_rollout + t_wait, t_learn, t_sync, time.perf_counter() - t_step)
+            samples=samples, **_phase_times(timings, t_rollout + t_wait, t_learn, t_sync, time.perf_counter() - t_step)
         )
-        metrics.update({k: v for k, v in stats.items() if k.startswith("rollout/")})  # e.g. groups_sampled
+        metrics.update(stats)  # e.g. rollout/groups_sampled
         if rank == 0:
             metrics.update(
                 rollout_metrics(groups, cfg, version=step)
@@ -336,7 +331,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 else {"reward/mean": 0.0, "rollout/success": 0.0, "rollout/sampled_tokens": 0}
             )
             if (cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == cfg.run.steps:
-                metrics.update(evaluate(pool, policy, config["eval_rows"], cfg, seed=-1 - done, pad_id=pad_id))
+                metrics.update(evaluate(pool, sync, policy, config["eval_rows"], cfg, seed=-1 - done, pad_id=pad_id))
             log.log(done, metrics)
             log.print_step(done, metrics)
         if (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0) or done == cfg.run.steps:
@@ -350,7 +345,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             plot_curves(log.path, cfg.run_dir / "reward_curve.png")
 
 
-def _phase_times(stats: dict, rollout: float, learn: float, sync: float, total: float) -> dict[str, float]:
+def _phase_times(timings: RolloutTimings, rollout: float, learn: float, sync: float, total: float) -> dict[str, float]:
     """`time/rollout_s` is what the learner waited for rollouts (all of the rollout on-policy, the part not hidden
     behind the update when overlapped); `time/rollout_worker_s` is the rollout's own wall time in the workers.
     Weight sync is `time/sync_s` on the learner (the push) plus `time/load_weights_s` in the workers (the load at
@@ -358,13 +353,13 @@ def _phase_times(stats: dict, rollout: float, learn: float, sync: float, total: 
     return {
         "time/step_s": total,
         "time/rollout_s": rollout,
-        "time/rollout_worker_s": stats.get("worker_s", 0.0),
-        "time/generate_s": stats.get("generate_s", 0.0),
-        "time/env_s": stats.get("env_s", 0.0),
-        "time/reward_s": stats.get("reward_s", 0.0),
+        "time/rollout_worker_s": timings.worker_s,
+        "time/generate_s": timings.generate_s,
+        "time/env_s": timings.env_s,
+        "time/reward_s": timings.reward_s,
         "time/learner_s": learn,
         "time/sync_s": sync,
-        "time/load_weights_s": stats.get("load_weights_s", 0.0),
+        "time/load_weights_s": timings.load_weights_s,
     }
 
 

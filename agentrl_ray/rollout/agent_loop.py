@@ -35,7 +35,7 @@ from agentrl_ray.chat_format import (
 )
 from agentrl_ray.config import RolloutConfig
 from agentrl_ray.rollout.engine import VLLMEngine
-from agentrl_ray.types import TokenRole
+from agentrl_ray.types import RolloutTimings, TokenRole
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ async def run_episodes(
     temperature: float,
     seed: int,
     stop_token_ids: list[int],
-    timings: dict[str, float],
+    timings: RolloutTimings,
     turn_based: bool = False,
 ) -> None:
     """Run every episode to its end, in place. `turn_based`: the environments define `step` instead of tools."""
@@ -96,7 +96,7 @@ async def run_episodes(
             stop_token_ids=stop_token_ids,
             seeds=[zlib.crc32(f"{seed}/{e.key}/{turn}".encode()) for e in live],
         )
-        timings["generate_s"] += time.perf_counter() - t0
+        timings.generate_s += time.perf_counter() - t0
 
         last_turn = turn == cfg.max_turns - 1
         pending: list[tuple[Episode, tuple]] = []  # (episode, arguments of its env call)
@@ -118,7 +118,7 @@ async def run_episodes(
 
         t0 = time.perf_counter()
         results = await per_host([(ep.env, args) for ep, args in pending], "call_turn" if turn_based else "call_tools")
-        timings["env_s"] += time.perf_counter() - t0
+        timings.env_s += time.perf_counter() - t0
         for (ep, _), result in zip(pending, results):
             if turn_based:
                 _after_step(ep, result, last_turn, tokenizer, cfg)

@@ -35,7 +35,7 @@ class Generation:
     finish_reason: str  # "stop" (hit a stop token) or "length"
 
 
-def _reload(worker, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+def _reload(worker, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     worker.model_runner.reload_weights(weights_iterator=iter(named_tensors))
 
 
@@ -118,6 +118,8 @@ class VLLMEngine:
         return results
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.llm.collective_rpc(_reload, args=(list(named_tensors),))
+        # In-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): the iterable reaches the loader as it is, so a stream of
+        # tensors (the collective sync's buckets) is consumed as it arrives, never held whole.
+        self.llm.collective_rpc(_reload, args=(named_tensors,))
         # Cached KV blocks were computed by the old weights.
         self.llm.reset_prefix_cache()

@@ -1,9 +1,8 @@
 """RolloutWorker: a thin Ray actor owning one vLLM engine.
 
 It samples groups of trajectories with the multi-turn loop (tool calls, or user turns for a turn-based environment;
-environments live in separate env actors), scores them with the reward functions, and receives new weights after
-every learner step: a full state dict (object store or collective), or LoRA A/B tensors that it merges into its own
-copy of the base weights so the payload scales with the adapter, not the model.
+environments live in separate env actors) and scores them with the reward functions. New weights after every
+learner step are applied by its `sync.receiver.WeightReceiver` (this actor only exposes its two entry points).
 """
 
 from __future__ import annotations
@@ -16,7 +15,9 @@ import torch
 
 from agentrl_ray.config import EnvConfig, ModelConfig, RewardConfig, RolloutConfig
 from agentrl_ray.rollout.agent_loop import Episode, per_host, run_episodes
-from agentrl_ray.types import Trajectory, TrajectoryGroup, role_masks
+from agentrl_ray.sync.collective import CollectiveBackend
+from agentrl_ray.sync.receiver import WeightReceiver
+from agentrl_ray.types import RolloutTimings, Trajectory, TrajectoryGroup, WeightUpdate, role_masks
 
 
 class RolloutWorker:
@@ -30,6 +31,7 @@ class RolloutWorker:
         reward_cfg: RewardConfig,
         env_hosts: list[Any],
         seed: int,
+        collective: CollectiveBackend,
         overlapped: bool = False,
     ) -> None:
         from agentrl_ray.profiles import default_threads
@@ -70,9 +72,7 @@ class RolloutWorker:
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             use_gpu=cfg.num_gpus_per_worker > 0,
         )
-        self.version = 0
-        self._base_weights: dict[str, torch.Tensor] | None = None  # LoRA: unmerged base, loaded on first use
-        self._collective = None
+        self.weights = WeightReceiver(model_path, self.engine.load_weights, collective)
 
     # ---------------------------------------------------------------- rollouts
 
@@ -82,17 +82,17 @@ class RolloutWorker:
         group_size: int,
         temperature: float,
         seed: int,
-        weights: tuple[str, Any, tuple] | None = None,
-    ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+        weights: WeightUpdate | None = None,
+    ) -> tuple[list[TrajectoryGroup], RolloutTimings]:
         """Sample `group_size` trajectories for each row; returns the groups and timing/env stats. `weights`
-        (from `RolloutPool.load_later`) are loaded first."""
+        (the sender's pending update) are loaded first."""
         from agentrl_ray.rewards import score
 
         t_start = time.perf_counter()
-        timings = {"generate_s": 0.0, "env_s": 0.0, "reward_s": 0.0, "load_weights_s": 0.0}
+        timings = RolloutTimings()
         if weights is not None:
-            await self.load_weights(weights)
-            timings["load_weights_s"] = time.perf_counter() - t_start
+            await self.weights.receive(weights)
+            timings.load_weights_s = time.perf_counter() - t_start
         episodes = await self._start_episodes(rows, group_size, seed)
         try:
             await run_episodes(
@@ -120,14 +120,14 @@ class RolloutWorker:
                 trajectories=[self._episode_info(e) for e in episodes],
                 env_rewards=env_rewards,
             )
-            timings["reward_s"] += time.perf_counter() - t0
+            timings.reward_s += time.perf_counter() - t0
         finally:
             await self._close([(e.env, e.key) for e in episodes])
         trajs = [self._to_trajectory(e, r, p) for e, r, p in zip(episodes, rewards, parts)]
         groups = [
             TrajectoryGroup(str(row["id"]), trajs[i * group_size : (i + 1) * group_size]) for i, row in enumerate(rows)
         ]
-        timings["worker_s"] = time.perf_counter() - t_start
+        timings.worker_s = time.perf_counter() - t_start
         return groups, timings
 
     async def _start_episodes(self, rows: list[dict[str, Any]], group_size: int, seed: int) -> list[Episode]:
@@ -202,7 +202,7 @@ class RolloutWorker:
             rollout_logprobs=ep.logprobs,
             reward=float(reward),
             reward_parts=parts,
-            policy_version=self.version,
+            policy_version=self.weights.version,
             finish_reason=ep.finish_reason,
             prompt_len=ep.prompt_len,
             num_tool_calls=ep.num_tool_calls,
@@ -210,63 +210,17 @@ class RolloutWorker:
             completion_text=self.tokenizer.decode(ep.ids[ep.prompt_len :], skip_special_tokens=False),
         )
 
-    # ---------------------------------------------------------------- weights
+    # ---------------------------------------------------------------- weights (see sync.receiver)
 
     def get_version(self) -> int:
-        return self.version
+        return self.weights.version
 
-    async def load_weights(self, weights: tuple[str, Any, tuple]) -> int:
-        """Apply `RolloutPool.load_later`'s payload: ("state_dict", ref of named tensors, (version,)) or
-        ("lora", ref of an adapter, (scaling, version)). Ray does not resolve a reference nested in an argument."""
-        from agentrl_ray.sync.packing import unpack
+    async def receive_weights(self, update: WeightUpdate) -> int:
+        return await self.weights.receive(update)
 
-        kind, ref, args = weights
-        payload = unpack(*(await ref))
-        if kind == "lora":
-            return self.load_lora(dict(payload), *args)
-        return self.load_state_dict(payload, *args)
-
-    def load_state_dict(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
-        self.engine.load_weights(named_tensors)
-        self.version = version
-        return version
-
-    def load_lora(self, adapter: dict[str, torch.Tensor], scaling: float, version: int) -> int:
-        """Merge LoRA A/B into this worker's copy of the base weights (W = W0 + scaling * B @ A) and reload.
-
-        Only the adapter travels; the full state dict is rebuilt here, because vLLM's in-place reload does not
-        keep the previous values of tensors left out of a reload.
-        """
-        if self._base_weights is None:
-            from pathlib import Path
-
-            from safetensors.torch import load_file
-
-            self._base_weights = {}
-            for f in sorted(Path(self.model_path).glob("*.safetensors")):
-                self._base_weights.update(load_file(str(f)))
-            # Tied embeddings are saved once; vLLM's reload still expects lm_head.weight (state_dict() has both).
-            if "lm_head.weight" not in self._base_weights and "model.embed_tokens.weight" in self._base_weights:
-                self._base_weights["lm_head.weight"] = self._base_weights["model.embed_tokens.weight"]
-        merged = dict(self._base_weights)
-        for name, a in adapter.items():
-            if not name.endswith(".lora_A"):
-                continue
-            prefix = name.removesuffix(".lora_A")
-            b = adapter[prefix + ".lora_B"]
-            base = self._base_weights[prefix + ".weight"]
-            merged[prefix + ".weight"] = (base.float() + scaling * (b.float() @ a.float())).to(base.dtype)
-        return self.load_state_dict(list(merged.items()), version)
-
-    def init_collective(self, master_addr: str, port: int, world_size: int, rank: int) -> bool:
-        from agentrl_ray.sync.collective import CollectiveGroup
-
-        self._collective = CollectiveGroup(master_addr, port, world_size, rank)
+    def join_weight_group(self, master_addr: str, port: int, world_size: int, rank: int, backend) -> bool:
+        self.weights.join_group(master_addr, port, world_size, rank, backend)
         return True
-
-    def receive_collective(self, spec: list[tuple[str, tuple[int, ...], str]], version: int) -> int:
-        named = self._collective.receive(spec)
-        return self.load_state_dict(named, version)
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
         """Deterministic generation for weight-sync checks: (token ids, logprobs) per prompt."""

@@ -1,20 +1,39 @@
 """A torch.distributed group between learner rank 0 and the rollout workers, for weight broadcast.
 
-The group is separate from any default process group (the learner's DDP group is untouched): it is built
-from its own TCPStore, with gloo on CPU and NCCL on GPU through the same code. Tensors of one dtype are
-flattened into one buffer so a push is one broadcast per dtype, not one per parameter.
+The group is separate from any default process group (the learner's DDP group is untouched): it is built from its
+own TCPStore. Both ends take their backend and device from one pure function, `collective_backend(cfg)`: NCCL on
+CUDA only when the learner *and* the engines are on GPUs, else gloo on CPU (a group whose ends disagree never meets).
+Tensors travel in buckets of one dtype and at most `sync.bucket_mb` MiB (a larger tensor is a bucket of its own), so
+the extra memory on either end is one bucket, not a copy of the model.
 """
 
 from __future__ import annotations
 
 import datetime
 import socket
-from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-Spec = list[tuple[str, tuple[int, ...], str]]  # (name, shape, dtype name) per tensor, in broadcast order
+from agentrl_ray.config import Config
+from agentrl_ray.types import TensorMeta, WeightUpdate
+
+TIMEOUT = datetime.timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class CollectiveBackend:
+    backend: str  # "gloo" | "nccl"
+    device: str  # "cpu" | "cuda"
+
+
+def collective_backend(cfg: Config) -> CollectiveBackend:
+    """The one choice both ends make (the learner's sender and every engine's receiver)."""
+    if cfg.learner.use_gpu and cfg.rollout.num_gpus_per_worker > 0:
+        return CollectiveBackend("nccl", "cuda")
+    return CollectiveBackend("gloo", "cpu")
 
 
 def free_port() -> int:
@@ -23,46 +42,55 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def plan_buckets(tensors: list[TensorMeta], max_bytes: int) -> list[int]:
+    """Tensors per bucket, in order: consecutive tensors of one dtype, at most `max_bytes` each (unless one tensor
+    alone is larger)."""
+    buckets: list[int] = []
+    size, dtype = 0, None
+    for t in tensors:
+        nbytes = t.numel * torch.empty(0, dtype=getattr(torch, t.dtype)).element_size()
+        if buckets and t.dtype == dtype and size + nbytes <= max_bytes:
+            buckets[-1] += 1
+            size += nbytes
+        else:
+            buckets.append(1)
+            size, dtype = nbytes, t.dtype
+    return buckets
+
+
 class CollectiveGroup:
-    def __init__(self, master_addr: str, port: int, world_size: int, rank: int, device: str = "cpu") -> None:
+    def __init__(self, master_addr: str, port: int, world_size: int, rank: int, backend: CollectiveBackend) -> None:
         self.rank = rank
-        self.device = torch.device(device)
-        timeout = datetime.timedelta(minutes=10)
-        store = dist.TCPStore(master_addr, port, world_size, is_master=rank == 0, timeout=timeout)
-        if self.device.type == "cuda":
+        self.device = torch.device(backend.device)
+        store = dist.TCPStore(master_addr, port, world_size, is_master=rank == 0, timeout=TIMEOUT)
+        if backend.backend == "nccl":
             self.group = dist.ProcessGroupNCCL(store, rank, world_size)
         else:
-            self.group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
-
-    @staticmethod
-    def spec_of(named: list[tuple[str, torch.Tensor]]) -> Spec:
-        return [(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in named]
+            self.group = dist.ProcessGroupGloo(store, rank, world_size, TIMEOUT)
 
     def _broadcast(self, buf: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         self.group.broadcast([buf], opts).wait()
 
-    def send(self, named: list[tuple[str, torch.Tensor]]) -> None:
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = defaultdict(list)
-        for _, t in named:
-            by_dtype[t.dtype].append(t.detach().reshape(-1))
-        for dtype in sorted(by_dtype, key=str):
-            self._broadcast(torch.cat(by_dtype[dtype]).to(self.device))
+    def send(self, named: list[tuple[str, torch.Tensor]], update: WeightUpdate) -> None:
+        """Rank 0: broadcast `named` in the buckets of `update` (made from the same list)."""
+        start = 0
+        for count in update.buckets:
+            chunk = named[start : start + count]
+            start += count
+            self._broadcast(torch.cat([t.detach().reshape(-1) for _, t in chunk]).to(self.device))
 
-    def receive(self, spec: Spec) -> list[tuple[str, torch.Tensor]]:
-        by_dtype: dict[str, list[tuple[str, tuple[int, ...]]]] = defaultdict(list)
-        for name, shape, dtype in spec:
-            by_dtype[dtype].append((name, shape))
-        out: dict[str, torch.Tensor] = {}
-        for dtype in sorted(by_dtype, key=lambda d: str(getattr(torch, d))):
-            entries = by_dtype[dtype]
-            total = sum(int(torch.Size(s).numel()) for _, s in entries)
-            buf = torch.empty(total, dtype=getattr(torch, dtype), device=self.device)
+    def receive(self, update: WeightUpdate) -> Iterator[tuple[str, torch.Tensor]]:
+        """Other ranks: the tensors of `update`, one bucket received at a time as the iterator advances (the caller
+        must exhaust it: every rank takes part in every broadcast)."""
+        start = 0
+        for count in update.buckets:
+            metas = update.tensors[start : start + count]
+            start += count
+            buf = torch.empty(sum(m.numel for m in metas), dtype=getattr(torch, metas[0].dtype), device=self.device)
             self._broadcast(buf)
             offset = 0
-            for name, shape in entries:
-                n = int(torch.Size(shape).numel())
-                out[name] = buf[offset : offset + n].view(shape)
-                offset += n
-        return [(name, out[name]) for name, _, _ in spec]
+            for m in metas:
+                yield m.name, buf[offset : offset + m.numel].view(m.shape)
+                offset += m.numel

@@ -1,4 +1,4 @@
-"""Named tensors ⇄ one flat byte buffer, for the object-store weight sync.
+"""Named tensors ⇄ one flat byte buffer, for the object-store weight sync; a safetensors folder → named tensors.
 
 A list of torch tensors goes through Ray's object store by pickling each tensor's storage; one NumPy byte array goes
 in with a single copy and comes out on the reader's side as a zero-copy view of shared memory. So the learner packs
@@ -9,18 +9,26 @@ copies them into its parameters. Each tensor starts at a 64-byte aligned offset 
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from agentrl_ray.types import TensorMeta
+
 ALIGN = 64
-Meta = list[tuple[str, str, tuple[int, ...], int, int]]  # (name, dtype, shape, byte offset, byte length)
 
 
-def pack(named: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None) -> tuple[Meta, np.ndarray]:
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def pack(
+    named: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None
+) -> tuple[list[TensorMeta], np.ndarray]:
     """One uint8 buffer holding every tensor (cast to `dtype` if given, floating-point tensors only)."""
-    meta: Meta = []
+    meta: list[TensorMeta] = []
     offset = 0
     tensors = []
     for name, t in named:
@@ -29,23 +37,30 @@ def pack(named: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None
             t = t.to(dtype)
         t = t.contiguous()
         nbytes = t.numel() * t.element_size()
-        meta.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
+        meta.append(TensorMeta(name, dtype_name(t.dtype), tuple(t.shape), offset, nbytes))
         tensors.append(t)
         offset += -(-nbytes // ALIGN) * ALIGN
     buf = torch.empty(offset, dtype=torch.uint8)
-    for (_, _, _, start, nbytes), t in zip(meta, tensors):
-        if nbytes:
-            buf[start : start + nbytes] = t.reshape(-1).view(torch.uint8)
+    for m, t in zip(meta, tensors):
+        if m.nbytes:
+            buf[m.offset : m.offset + m.nbytes] = t.reshape(-1).view(torch.uint8)
     return meta, buf.numpy()
 
 
-def unpack(meta: Meta, buf: Any) -> list[tuple[str, torch.Tensor]]:
+def unpack(meta: list[TensorMeta], buf: Any) -> list[tuple[str, torch.Tensor]]:
     """Tensors viewing `buf` (no copy). The views are read-only memory when `buf` came from the object store:
     read them (vLLM's loader copies them into its own parameters), never write to them."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         flat = torch.from_numpy(np.asarray(buf, dtype=np.uint8))
-    out = []
-    for name, dtype, shape, start, nbytes in meta:
-        out.append((name, flat[start : start + nbytes].view(getattr(torch, dtype)).view(shape)))
-    return out
+    return [(m.name, flat[m.offset : m.offset + m.nbytes].view(getattr(torch, m.dtype)).view(m.shape)) for m in meta]
+
+
+def load_safetensors_folder(folder: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the `*.safetensors` files of a Hugging Face model folder (sharded or not)."""
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        weights.update(load_file(str(f)))
+    return weights

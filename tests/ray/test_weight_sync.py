@@ -9,7 +9,8 @@ import torch
 
 from agentrl_ray.config import load_config
 from agentrl_ray.rollout.pool import RolloutPool
-from agentrl_ray.sync.weight_sync import CollectiveSync, ObjectStoreSync
+from agentrl_ray.sync.collective import collective_backend
+from agentrl_ray.sync.sender import CollectiveSender, ObjectStoreSender
 
 pytestmark = pytest.mark.slow
 
@@ -62,8 +63,9 @@ def test_sync_makes_engines_equal_to_learner(setup, transport):
     ]
     before = pool.greedy(prompts, 16)[0]
     _train_a_little(model, seed=0 if transport == "object_store" else 1)
-    sync = ObjectStoreSync() if transport == "object_store" else CollectiveSync("cpu")
-    sync.setup(pool)
+    # A small bucket bound, so the collective update streams in many buckets.
+    sync = ObjectStoreSender() if transport == "object_store" else CollectiveSender(collective_backend(cfg), 2**14)
+    sync.setup(pool.workers)
     version = 11 if transport == "object_store" else 12
     sync.push([(n, t.detach().clone()) for n, t in model.state_dict().items()], version)
 
@@ -73,9 +75,9 @@ def test_sync_makes_engines_equal_to_learner(setup, transport):
         {"id": "q1", "prompt": "What is 123 + 456?", "answer": "579"},
         {"id": "q2", "prompt": "What is 31 * 7?", "answer": "217"},
     ]
-    groups, timings = pool.sample(rows, group_size=4, temperature=1.0, seed=3)
+    groups, timings = pool.sample(rows, group_size=4, temperature=1.0, seed=3, weights=sync.take_pending())
     if transport == "object_store":
-        assert timings["load_weights_s"] > 0
+        assert timings.load_weights_s > 0
     for traj in [t for g in groups for t in g.trajectories]:
         assert traj.policy_version == version
         pos = [i for i, m in enumerate(traj.action_mask) if m]
@@ -104,9 +106,10 @@ def test_lora_adapter_sync_matches_merged_model(setup, builtin_model_path):
     _train_a_little(model, seed=2)
     adapter = lora_tensors(model)
     assert adapter and all(".lora_A" in n or ".lora_B" in n for n, _ in adapter)
-    sync = ObjectStoreSync(lora_scaling=8 / 4)
-    sync.setup(pool)
+    sync = ObjectStoreSender(lora_scaling=8 / 4)
+    sync.setup(pool.workers)
     sync.push(adapter, 21)
+    sync.flush()
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": "What is 77 * 3?"}], add_generation_prompt=True, tokenize=True, return_dict=False
     )

@@ -14,7 +14,7 @@ from agentrl_ray.config import RolloutConfig
 from agentrl_ray.envs.host import EnvHost
 from agentrl_ray.rollout.agent_loop import Episode, run_episodes
 from agentrl_ray.rollout.engine import Generation
-from agentrl_ray.types import TokenRole
+from agentrl_ray.types import RolloutTimings, TokenRole
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call><|im_end|>'
 
@@ -72,7 +72,7 @@ def _run(tok, turns, cfg):
     async def go():
         await host.create("k", "agentrl_ray.envs.calculator:CalculatorEnv", {}, {})
         ep = Episode("k", "p", 0, handle, list(prompt), prompt_len=len(prompt))
-        timings = {"generate_s": 0.0, "env_s": 0.0}
+        timings = RolloutTimings()
         await run_episodes(
             [ep],
             ScriptedEngine(tok, turns),

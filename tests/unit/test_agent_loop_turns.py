@@ -14,7 +14,7 @@ from agentrl_ray.chat_format import encode_segments, user_turn_segments
 from agentrl_ray.config import RolloutConfig
 from agentrl_ray.envs.host import EnvHost
 from agentrl_ray.rollout.agent_loop import Episode, run_episodes
-from agentrl_ray.types import TokenRole
+from agentrl_ray.types import RolloutTimings, TokenRole
 
 SCRIPTED = "agentrl_ray.envs.conversation:ScriptedUserEnv"
 # Three assistant turns: the first must greet, the second anything, the third must name Paris.
@@ -56,7 +56,7 @@ def _run(tok, turns, cfg, env_path=SCRIPTED, row=ROW):
             temperature=1.0,
             seed=0,
             stop_token_ids=[tok.eos_token_id],
-            timings={"generate_s": 0.0, "env_s": 0.0},
+            timings=RolloutTimings(),
             turn_based=True,
         )
         return ep, await host.env_reward("k", ep.messages[-1]["content"])

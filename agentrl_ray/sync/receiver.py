@@ -1,0 +1,73 @@
+"""The engine side of weight sync: what a rollout worker does with a `types.WeightUpdate` from `sync.sender`.
+
+The receiver turns an update into Hugging Face named tensors and hands them to the engine's in-place reload (`load`,
+which the rollout worker supplies: vLLM's `reload_weights`, then a prefix-cache reset):
+- full weights from the object store: zero-copy views of the packed buffer;
+- full weights from the collective group: tensors streamed bucket by bucket into the reload;
+- a LoRA adapter: merged into this engine's own copy of the base weights (W = W0 + scaling * B @ A), because vLLM's
+  in-place reload does not keep the previous values of tensors left out of a reload. Only the adapter travels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+from agentrl_ray.sync.collective import CollectiveBackend, CollectiveGroup
+from agentrl_ray.sync.packing import load_safetensors_folder, unpack
+from agentrl_ray.types import WeightUpdate
+
+Load = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
+
+
+class WeightReceiver:
+    def __init__(self, model_path: str, load: Load, backend: CollectiveBackend) -> None:
+        self.model_path = model_path
+        self.load = load
+        self.backend = backend  # collective_backend(cfg), chosen by the same function as the sender's
+        self.version = 0
+        self._base: dict[str, torch.Tensor] | None = None  # LoRA: the unmerged base, loaded on first use
+        self._group: CollectiveGroup | None = None
+
+    def join_group(self, master_addr: str, port: int, world_size: int, rank: int, backend: CollectiveBackend) -> None:
+        if backend != self.backend:
+            raise RuntimeError(
+                f"weight sync: the learner broadcasts over {backend} but this engine expects {self.backend}: "
+                "both ends must take collective_backend(cfg) from the same config"
+            )
+        self._group = CollectiveGroup(master_addr, port, world_size, rank, self.backend)
+
+    async def receive(self, update: WeightUpdate) -> int:
+        """Apply `update`; returns its version. Ray does not resolve a reference nested in an argument: it is
+        awaited here."""
+        if update.collective:
+            if self._group is None:
+                raise RuntimeError("weight sync: a collective update arrived before join_group")
+            stream = self._group.receive(update)
+            try:
+                self.load(stream)
+            finally:
+                for _ in stream:  # the broadcasts must all happen, whatever the loader took
+                    pass
+        else:
+            named = unpack(update.tensors, await update.payload)
+            self.load(named if update.kind == "full" else self._merge_lora(dict(named), update.lora_scaling))
+        self.version = update.version
+        return update.version
+
+    def _merge_lora(self, adapter: dict[str, torch.Tensor], scaling: float) -> list[tuple[str, torch.Tensor]]:
+        if self._base is None:
+            self._base = load_safetensors_folder(self.model_path)
+            # Tied embeddings are saved once; vLLM's reload still expects lm_head.weight (state_dict() has both).
+            if "lm_head.weight" not in self._base and "model.embed_tokens.weight" in self._base:
+                self._base["lm_head.weight"] = self._base["model.embed_tokens.weight"]
+        merged = dict(self._base)
+        for name, a in adapter.items():
+            if not name.endswith(".lora_A"):
+                continue
+            prefix = name.removesuffix(".lora_A")
+            b = adapter[prefix + ".lora_B"]
+            base = self._base[prefix + ".weight"]
+            merged[prefix + ".weight"] = (base.float() + scaling * (b.float() @ a.float())).to(base.dtype)
+        return list(merged.items())
