@@ -232,13 +232,14 @@ class EnvHost:
     # One actor call per host for a whole batch of episodes instead of one per episode: a rollout worker makes a
     # handful of Ray calls per turn, not hundreds. Each entry runs exactly as the single call would, concurrently.
 
-    async def create_many(self, items: list[tuple[str, str, dict, dict]]) -> list[str | None]:
-        """`create(key, env_path, env_kwargs, row)` for each item. If any fails, the ones that were created are
-        closed and the first error is raised: a batch opens all its environments on this host or none."""
-        out = await asyncio.gather(*(self.create(*item) for item in items), return_exceptions=True)
+    async def create_many(self, env_path: str, env_kwargs: dict, items: list[tuple[str, dict]]) -> list[str | None]:
+        """`create(key, env_path, env_kwargs, row)` for each (key, row). If any fails, the ones that were created
+        are closed and the first error is raised: a batch opens all its environments on this host or none."""
+        creating = (self.create(key, env_path, env_kwargs, row) for key, row in items)
+        out = await asyncio.gather(*creating, return_exceptions=True)
         failed = [r for r in out if isinstance(r, BaseException)]
         if failed:
-            await self.close_many([item[0] for item, r in zip(items, out) if not isinstance(r, BaseException)])
+            await self.close_many([key for (key, _), r in zip(items, out) if not isinstance(r, BaseException)])
             raise failed[0]
         return out
 

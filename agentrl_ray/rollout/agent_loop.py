@@ -19,12 +19,10 @@ ends the episode, and the failure counts as a tool error).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
 
 from agentrl_ray.chat_format import (
     Segment,
@@ -34,6 +32,7 @@ from agentrl_ray.chat_format import (
     user_turn_segments,
 )
 from agentrl_ray.config import RolloutConfig
+from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.rollout.engine import VLLMEngine
 from agentrl_ray.types import RolloutTimings, TokenRole
 
@@ -45,7 +44,6 @@ class Episode:
     key: str  # trajectory key, also the key of its environment instance
     prompt_id: str
     sample_index: int
-    env: Any  # handle of the env actor hosting this episode's environment
     ids: list[int]
     prompt_len: int
     roles: list[TokenRole] = field(default_factory=list)
@@ -72,6 +70,7 @@ class Episode:
 async def run_episodes(
     episodes: list[Episode],
     engine: VLLMEngine,
+    envs: EnvClient,
     tokenizer,
     cfg: RolloutConfig,
     *,
@@ -99,7 +98,7 @@ async def run_episodes(
         timings.generate_s += time.perf_counter() - t0
 
         last_turn = turn == cfg.max_turns - 1
-        pending: list[tuple[Episode, tuple]] = []  # (episode, arguments of its env call)
+        pending: list[tuple[Episode, tuple]] = []  # (episode, its request to the environment)
         for ep, gen in zip(live, gens):
             ep.append(gen.token_ids, TokenRole.ACTION, gen.logprobs)
             text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
@@ -117,7 +116,8 @@ async def run_episodes(
                     pending.append((ep, request))
 
         t0 = time.perf_counter()
-        results = await per_host([(ep.env, args) for ep, args in pending], "call_turn" if turn_based else "call_tools")
+        requests = [request for _, request in pending]
+        results = await (envs.call_turns(requests) if turn_based else envs.call_tools(requests))
         timings.env_s += time.perf_counter() - t0
         for (ep, _), result in zip(pending, results):
             if turn_based:
@@ -129,29 +129,8 @@ async def run_episodes(
             ep.finish_reason = "max_turns"
 
 
-async def per_host(requests: list[tuple[Any, tuple]], method: str) -> list[Any]:
-    """Call `method` for each (env host, arguments) pair, as one `<method>_many` call per host (a few Ray calls per
-    turn, not one per episode); results come back in `requests` order. Every host's call finishes before the first
-    error is raised, so a caller that cleans up after an error never races a call still running."""
-    by_host: dict[int, list[int]] = {}
-    for i, (host, _) in enumerate(requests):
-        by_host.setdefault(id(host), []).append(i)
-    refs = [
-        getattr(requests[idx[0]][0], f"{method}_many").remote([requests[i][1] for i in idx]) for idx in by_host.values()
-    ]
-    outcomes = await asyncio.gather(*refs, return_exceptions=True)
-    failed = [o for o in outcomes if isinstance(o, BaseException)]
-    if failed:
-        raise failed[0]
-    out: list[Any] = [None] * len(requests)
-    for idx, results in zip(by_host.values(), outcomes):
-        for i, result in zip(idx, results):
-            out[i] = result
-    return out
-
-
 def _tool_request(ep: Episode, text: str, last_turn: bool) -> tuple | None:
-    """The arguments of the env's `call_tools` for this turn; None (and a finish reason) when there are none."""
+    """This turn's request to `EnvClient.call_tools`; None (and a finish reason) when there is none."""
     parsed = parse_tool_calls(text)
     if not parsed.calls and not parsed.errors:
         ep.finish_reason = "answer"

@@ -8,13 +8,17 @@ learner step are applied by its `sync.receiver.WeightReceiver` (this actor only 
 from __future__ import annotations
 
 import time
-import zlib
 from typing import Any
 
 import torch
 
 from agentrl_ray.config import EnvConfig, ModelConfig, RewardConfig, RolloutConfig
-from agentrl_ray.rollout.agent_loop import Episode, per_host, run_episodes
+from agentrl_ray.envs.base import load_env_class, tool_schemas
+from agentrl_ray.envs.client import EnvClient
+from agentrl_ray.profiles import default_threads
+from agentrl_ray.rewards import load_reward_functions, score
+from agentrl_ray.rollout.agent_loop import Episode, run_episodes
+from agentrl_ray.rollout.engine import VLLMEngine, configure_vllm_env
 from agentrl_ray.sync.collective import CollectiveBackend
 from agentrl_ray.sync.receiver import WeightReceiver
 from agentrl_ray.types import RolloutTimings, Trajectory, TrajectoryGroup, WeightUpdate, role_masks
@@ -34,9 +38,6 @@ class RolloutWorker:
         collective: CollectiveBackend,
         overlapped: bool = False,
     ) -> None:
-        from agentrl_ray.profiles import default_threads
-        from agentrl_ray.rollout.engine import VLLMEngine, configure_vllm_env
-
         configure_vllm_env(kv_cache_gib=cfg.kv_cache_gib, use_gpu=cfg.num_gpus_per_worker > 0)
         # Ray sets OMP_NUM_THREADS from num_cpus (often 1); vLLM CPU freezes the thread count at engine start.
         # `overlapped`: the learner trains while this engine generates (sync.max_staleness=1), see default_threads.
@@ -45,14 +46,10 @@ class RolloutWorker:
         )
         from transformers import AutoTokenizer
 
-        from agentrl_ray.envs.base import load_env_class, tool_schemas
-        from agentrl_ray.rewards import load_reward_functions
-
         self.index = index
         self.cfg = cfg
-        self.env_cfg = env_cfg
         self.reward_cfg = reward_cfg
-        self.env_hosts = env_hosts
+        self.envs = EnvClient(env_hosts, env_cfg.name, env_cfg.kwargs)
         self.model_path = model_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         if self.tokenizer.eos_token_id is None:
@@ -86,8 +83,6 @@ class RolloutWorker:
     ) -> tuple[list[TrajectoryGroup], RolloutTimings]:
         """Sample `group_size` trajectories for each row; returns the groups and timing/env stats. `weights`
         (the sender's pending update) are loaded first."""
-        from agentrl_ray.rewards import score
-
         t_start = time.perf_counter()
         timings = RolloutTimings()
         if weights is not None:
@@ -98,6 +93,7 @@ class RolloutWorker:
             await run_episodes(
                 episodes,
                 self.engine,
+                self.envs,
                 self.tokenizer,
                 self.cfg,
                 temperature=temperature,
@@ -107,9 +103,7 @@ class RolloutWorker:
                 turn_based=self.turn_based,
             )
             t0 = time.perf_counter()
-            env_rewards = await per_host(
-                [(e.env, (e.key, _last_assistant_text(e.messages))) for e in episodes], "env_reward"
-            )
+            env_rewards = await self.envs.rewards([(e.key, _last_assistant_text(e.messages)) for e in episodes])
             expanded = [row for row in rows for _ in range(group_size)]
             columns = {k: [r.get(k) for r in expanded] for k in expanded[0]}
             rewards, parts = score(
@@ -122,7 +116,7 @@ class RolloutWorker:
             )
             timings.reward_s += time.perf_counter() - t0
         finally:
-            await self._close([(e.env, e.key) for e in episodes])
+            await self.envs.close([e.key for e in episodes])
         trajs = [self._to_trajectory(e, r, p) for e, r, p in zip(episodes, rewards, parts)]
         groups = [
             TrajectoryGroup(str(row["id"]), trajs[i * group_size : (i + 1) * group_size]) for i, row in enumerate(rows)
@@ -131,7 +125,7 @@ class RolloutWorker:
         return groups, timings
 
     async def _start_episodes(self, rows: list[dict[str, Any]], group_size: int, seed: int) -> list[Episode]:
-        keys, hosts = [], []
+        keys = []
         seen: set[str] = set()
         for row in rows:
             for j in range(group_size):
@@ -139,36 +133,23 @@ class RolloutWorker:
                 while key in seen:  # the same row twice in one batch (a window across an epoch boundary)
                     key += "+"
                 seen.add(key)
-                host = self.env_hosts[zlib.crc32(key.encode()) % len(self.env_hosts)]
                 keys.append(key)
-                hosts.append(host)
         episodes = []
         prompts: dict[tuple[int, str | None], list[int]] = {}  # a group shares its prompt unless reset() differs
         try:
-            reset_texts = await per_host(
-                [
-                    (h, (k, self.env_cfg.name, self.env_cfg.kwargs, rows[i // group_size]))
-                    for i, (h, k) in enumerate(zip(hosts, keys))
-                ],
-                "create",
-            )
-            for i, (key, host, extra) in enumerate(zip(keys, hosts, reset_texts)):
+            reset_texts = await self.envs.create([(k, rows[i // group_size]) for i, k in enumerate(keys)])
+            for i, (key, extra) in enumerate(zip(keys, reset_texts)):
                 row = rows[i // group_size]
                 ids = prompts.get((i // group_size, extra))
                 if ids is None:
                     ids = prompts[(i // group_size, extra)] = self._prompt_ids(row, extra)
-                episodes.append(Episode(key, str(row["id"]), i % group_size, host, list(ids), prompt_len=len(ids)))
+                episodes.append(Episode(key, str(row["id"]), i % group_size, list(ids), prompt_len=len(ids)))
         except BaseException:
             # A failed reset on one host (its batch closes itself), or a prompt over the token budget: close every
             # environment of the batch (closing an unknown key is a no-op), then report it.
-            await self._close(list(zip(hosts, keys)))
+            await self.envs.close(keys)
             raise
         return episodes
-
-    @staticmethod
-    async def _close(pairs: list[tuple[Any, str]]) -> None:
-        if pairs:
-            await per_host([(host, key) for host, key in pairs], "close")
 
     def _prompt_ids(self, row: dict[str, Any], extra: str | None) -> list[int]:
         prompt = row["prompt"]

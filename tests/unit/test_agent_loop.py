@@ -11,6 +11,7 @@ import pytest
 
 from agentrl_ray.chat_format import encode_segments, tool_response_segments
 from agentrl_ray.config import RolloutConfig
+from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.envs.host import EnvHost
 from agentrl_ray.rollout.agent_loop import Episode, run_episodes
 from agentrl_ray.rollout.engine import Generation
@@ -64,18 +65,19 @@ def tok(builtin_model_path):
 
 def _run(tok, turns, cfg):
     host = EnvHost(tool_timeout_s=5)
-    handle = LocalHandle(host)
+    envs = EnvClient([LocalHandle(host)], "agentrl_ray.envs.calculator:CalculatorEnv", {})
     prompt = tok.encode(
         "<|im_start|>user\nWhat is 12 * 34?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
     )
 
     async def go():
-        await host.create("k", "agentrl_ray.envs.calculator:CalculatorEnv", {}, {})
-        ep = Episode("k", "p", 0, handle, list(prompt), prompt_len=len(prompt))
+        await envs.create([("k", {})])
+        ep = Episode("k", "p", 0, list(prompt), prompt_len=len(prompt))
         timings = RolloutTimings()
         await run_episodes(
             [ep],
             ScriptedEngine(tok, turns),
+            envs,
             tok,
             cfg,
             temperature=1.0,

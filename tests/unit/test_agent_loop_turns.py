@@ -12,6 +12,7 @@ from test_agent_loop import LocalHandle, ScriptedEngine
 
 from agentrl_ray.chat_format import encode_segments, user_turn_segments
 from agentrl_ray.config import RolloutConfig
+from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.envs.host import EnvHost
 from agentrl_ray.rollout.agent_loop import Episode, run_episodes
 from agentrl_ray.types import RolloutTimings, TokenRole
@@ -46,11 +47,13 @@ def _run(tok, turns, cfg, env_path=SCRIPTED, row=ROW):
     prompt = tok.encode(PROMPT_TEXT, add_special_tokens=False)
 
     async def go():
-        await host.create("k", env_path, {}, row)
-        ep = Episode("k", "p", 0, LocalHandle(host), list(prompt), prompt_len=len(prompt))
+        envs = EnvClient([LocalHandle(host)], env_path, {})
+        await envs.create([("k", row)])
+        ep = Episode("k", "p", 0, list(prompt), prompt_len=len(prompt))
         await run_episodes(
             [ep],
             ScriptedEngine(tok, turns),
+            envs,
             tok,
             cfg,
             temperature=1.0,

@@ -1,5 +1,5 @@
-"""Batched env-host calls (one Ray call per host per turn): each entry behaves as its single call, results keep
-their order, and a batch of creations opens all its environments or none."""
+"""Batched env-host calls through the typed `EnvClient` (one Ray call per host per turn): each entry behaves as its
+single call, results keep their order, and a batch of creations opens all its environments or none."""
 
 import asyncio
 import time
@@ -8,8 +8,8 @@ import pytest
 from test_agent_loop import LocalHandle
 
 from agentrl_ray.chat_format import ToolCall
+from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.envs.host import EnvHost
-from agentrl_ray.rollout.agent_loop import per_host
 
 CALC = "agentrl_ray.envs.calculator:CalculatorEnv"
 PICKY = "test_env_host_batched:PickyEnv"
@@ -34,27 +34,27 @@ class PickyEnv:
 def test_batched_calls_keep_order_across_hosts():
     async def main():
         hosts = [LocalHandle(EnvHost()), LocalHandle(EnvHost())]
+        envs = EnvClient(hosts, CALC, {})
         keys = [f"k{i}" for i in range(6)]
-        pairs = [(hosts[i % 2], k) for i, k in enumerate(keys)]
-        for host, k in pairs:
-            await host.host.create(k, CALC, {}, {})
-        calls = [(h, (k, [ToolCall("calculator", {"expression": f"{i} * 10"})], [])) for i, (h, k) in enumerate(pairs)]
-        results = await per_host(calls, "call_tools")
-        closed = await per_host(pairs, "close")
-        return results, closed, [h.host.stats()["open"] for h in hosts]
+        await envs.create([(k, {}) for k in keys])
+        opened = [h.host.stats()["open"] for h in hosts]
+        calls = [(k, [ToolCall("calculator", {"expression": f"{i} * 10"})], []) for i, k in enumerate(keys)]
+        results = await envs.call_tools(calls)
+        await envs.close(keys)
+        return opened, results, [h.host.stats()["open"] for h in hosts], [envs.host_index(k) for k in keys]
 
-    results, closed, still_open = asyncio.run(main())
+    opened, results, still_open, placed = asyncio.run(main())
     assert [r[0].text for r in results] == [str(i * 10) for i in range(6)]
-    assert closed == [True] * 6 and still_open == [0, 0]
+    assert opened == [placed.count(0), placed.count(1)] and still_open == [0, 0]
 
 
 def test_a_failing_creation_leaves_nothing_open():
     async def main():
         host = EnvHost()
         with pytest.raises(ValueError, match="row 2 is bad"):
-            await host.create_many([(f"k{i}", PICKY, {}, {"id": i, "bad": i == 2}) for i in range(4)])
+            await host.create_many(PICKY, {}, [(f"k{i}", {"id": i, "bad": i == 2}) for i in range(4)])
         stats = host.stats()
-        texts = await host.create_many([("a", PICKY, {}, {"id": "a"}), ("b", PICKY, {}, {"id": "b"})])
+        texts = await host.create_many(PICKY, {}, [("a", {"id": "a"}), ("b", {"id": "b"})])
         return stats, texts
 
     stats, texts = asyncio.run(main())
@@ -67,15 +67,18 @@ def test_an_error_is_raised_only_after_every_host_finished():
 
     async def main():
         fast_bad, slow_good = LocalHandle(EnvHost()), LocalHandle(EnvHost())
-        requests = [
-            (fast_bad, ("x", PICKY, {}, {"id": "x", "bad": True})),
-            (slow_good, ("y", PICKY, {}, {"id": "y", "slow": 0.5})),
-        ]
-        with pytest.raises(ValueError, match="row x is bad"):
-            await per_host(requests, "create")
+        envs = EnvClient([fast_bad, slow_good], PICKY, {})
+        x, y = _key_on(envs, 0), _key_on(envs, 1)
+        with pytest.raises(ValueError, match="is bad"):
+            await envs.create([(x, {"id": x, "bad": True}), (y, {"id": y, "slow": 0.5})])
         created_before_raise = slow_good.host.stats()["created"]
-        await per_host([(fast_bad, "x"), (slow_good, "y")], "close")
+        await envs.close([x, y])
         return created_before_raise, [h.host.stats()["open"] for h in (fast_bad, slow_good)]
 
     created, still_open = asyncio.run(main())
     assert created == 1 and still_open == [0, 0]
+
+
+def _key_on(envs: EnvClient, host: int) -> str:
+    """A key that the client routes to host number `host`."""
+    return next(k for k in (f"key{i}" for i in range(1000)) if envs.host_index(k) == host)
