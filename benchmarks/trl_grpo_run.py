@@ -7,7 +7,7 @@
 
 CPU only (`use_cpu=True`, generation through `transformers`; see docs/benchmarks.md for why TRL's vLLM modes do not
 run here). The run sees exactly our side's prompts, in our side's order: the dataset holds the rows that
-`agentrl_ray.learner.loop.PromptSampler` draws for steps 0..N-1, and TRL's shuffling is off.
+`agentrl_ray.learner.feed.PromptSampler` draws for steps 0..N-1, and TRL's shuffling is off.
 
 - task `single`: the prompt is the rendered chat-template text (calculator listed in the system turn, like ours),
   given as a plain string, so TRL runs no tool machinery at all; one assistant turn is sampled.
@@ -65,7 +65,7 @@ def parse_args() -> argparse.Namespace:
 
 def step_rows(steps: int, per_step: int, seed: int) -> list[dict]:
     """The prompts our learner draws for steps 0..steps-1, in order (same train rows, same sampler)."""
-    from agentrl_ray.learner.loop import PromptSampler
+    from agentrl_ray.learner.feed import PromptSampler
     from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
     sampler = PromptSampler(make_arithmetic_rows(4000, seed, "train"), per_step, seed)  # data.train_size=4000

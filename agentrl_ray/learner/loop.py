@@ -1,14 +1,14 @@
 """The RL loop: Ray Train's `train_loop_per_worker`.
 
-Per step, as named phases: rollout (rank 0 asks the pool) → broadcast the groups to all ranks → advantages →
-update (every rank on its shard, micro-batched) → sync (rank 0 pushes weights to every rollout worker) → log,
-evaluate and checkpoint through `ray.train.report`.
+Per step, as named phases: rollout (rank 0 takes the step's groups from `feed.RolloutFeed`, scored in the workers)
+→ broadcast the groups to all ranks → advantages → update (every rank on its shard, micro-batched) → sync (rank 0
+pushes weights to every rollout engine through `sync.sender`) → log, evaluate and checkpoint through
+`ray.train.report`.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import tempfile
 import time
 from pathlib import Path
@@ -17,8 +17,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from agentrl_ray.algorithms import compute_loss, token_logprobs_and_entropy, world_model_coeff_at
 from agentrl_ray.config import Config
 from agentrl_ray.learner.batching import build_batch, loss_norm, micro_batches, shard
+from agentrl_ray.learner.feed import PromptSampler, RolloutFeed
 from agentrl_ray.learner.policy import TRAINER_STATE, Policy
 from agentrl_ray.outputs import MetricsLog, plot_curves
 from agentrl_ray.profiles import default_threads
@@ -26,117 +28,9 @@ from agentrl_ray.sync.sender import make_sender
 from agentrl_ray.types import RolloutTimings, TrajectoryGroup
 
 
-class PromptSampler:
-    """Deterministic, resumable: the prompts of step s depend only on (seed, s)."""
-
-    def __init__(self, rows: list[dict[str, Any]], per_step: int, seed: int) -> None:
-        self.rows, self.per_step, self.seed = rows, per_step, seed
-        self.drawn = 0  # extra draws for dynamic-sampling refills
-
-    def _row(self, i: int) -> dict[str, Any]:
-        epoch, pos = divmod(i, len(self.rows))
-        perm = list(range(len(self.rows)))
-        random.Random(self.seed * 1000003 + epoch).shuffle(perm)
-        return self.rows[perm[pos]]
-
-    def for_step(self, step: int, extra: int = 0) -> list[dict[str, Any]]:
-        # Refills draw past the step's own window, from a disjoint region far ahead.
-        base = step * self.per_step if extra == 0 else (10**6 + step * 97 + extra) * self.per_step
-        return [self._row(base + k) for k in range(self.per_step)]
-
-
-class Rollouts:
-    """Rank 0's source of each step's groups, and the only way weights reach the rollout engines.
-
-    On-policy (`sync.max_staleness=0`): step t's batch is sampled when step t asks for it, by version t's weights.
-    Overlapped (`sync.max_staleness=1`): as soon as step t has its batch, step t+1's goes out to the engines, so
-    it is generated while the learner trains on step t, by version t's weights: one version behind the learner
-    that trains on it. The PPO ratio is taken against the sampling logprobs, which corrects for that (with
-    `algorithm.tis_cap`, truncated importance sampling instead). Weights are pushed only while no batch is out (a
-    worker would otherwise switch weights between the turns of an episode): `push` first waits for the batch in
-    flight, which the next step then finds ready.
-    """
-
-    def __init__(self, pool, sampler: PromptSampler, cfg: Config, sync) -> None:
-        self.pool, self.sampler, self.cfg, self.sync = pool, sampler, cfg, sync
-        self.overlap = cfg.sync.max_staleness > 0
-        self.in_flight: tuple[int, Any] | None = None  # (step, PendingSample)
-        self.ready: dict[int, tuple[list[TrajectoryGroup], RolloutTimings]] = {}
-
-    def _start(self, step: int, refill: int = 0):
-        r = self.cfg.rollout
-        seed = self.cfg.run.seed * 100003 + step + 7919 * refill
-        rows = self.sampler.for_step(step, refill)
-        return self.pool.start(rows, r.group_size, r.temperature, seed, self.sync.take_pending())
-
-    def _wait(self) -> float:
-        """Gather the batch in flight, if any; returns the seconds spent waiting for it."""
-        if self.in_flight is None:
-            return 0.0
-        t0 = time.perf_counter()
-        step, pending = self.in_flight
-        self.in_flight = None
-        self.ready[step] = self.pool.gather(pending)
-        return time.perf_counter() - t0
-
-    def take(self, step: int, version: int) -> tuple[list[TrajectoryGroup], RolloutTimings, dict[str, float]]:
-        """The groups of `step` (trained on by weights `version`), with dynamic sampling (DAPO) applied: groups
-        whose rewards are all equal are dropped or refilled. Overlapped, also sends out step + 1's batch."""
-        from agentrl_ray.algorithms import dynamic_sampling_keep
-
-        a, r = self.cfg.algorithm, self.cfg.rollout
-        if self.in_flight is not None and self.in_flight[0] == step:
-            self._wait()
-        if step in self.ready:
-            groups, timings = self.ready.pop(step)
-        else:
-            groups, timings = self.pool.gather(self._start(step))
-        stats = {"rollout/groups_sampled": len(groups)}
-        if a.dynamic_sampling != "off":
-            groups = _keep_varied(groups, dynamic_sampling_keep)
-            rounds = 0
-            refill = a.dynamic_sampling == "resample"
-            while refill and len(groups) < r.prompts_per_step and rounds < a.max_resample_rounds:
-                rounds += 1
-                more, t = self.pool.gather(self._start(step, rounds))
-                timings = timings.plus(t)
-                stats["rollout/groups_sampled"] += len(more)
-                groups += _keep_varied(more, dynamic_sampling_keep)
-            groups = groups[: r.prompts_per_step]
-        stale = [g.prompt_id for g in groups if g.min_policy_version < version - self.cfg.sync.max_staleness]
-        if stale:
-            raise RuntimeError(
-                f"step {step}: groups {stale[:3]} were sampled by a policy older than version {version} - "
-                f"{self.cfg.sync.max_staleness} (sync.max_staleness): the weight sync did not reach every rollout "
-                "worker"
-            )
-        if self.overlap and step + 1 < self.cfg.run.steps:
-            self.in_flight = (step + 1, self._start(step + 1))
-        return groups, timings, stats
-
-    def push(self, named: list[tuple[str, torch.Tensor]], version: int) -> tuple[float, float]:
-        """Send weights `version` to every engine, after the batch in flight (if any) is back. Returns the seconds
-        spent (waiting for that batch, pushing)."""
-        wait = self._wait()
-        t0 = time.perf_counter()
-        self.sync.push(named, version)
-        return wait, time.perf_counter() - t0
-
-
-def _keep_varied(groups: list[TrajectoryGroup], keep_fn) -> list[TrajectoryGroup]:
-    if not groups:
-        return groups
-    rewards = torch.tensor([t.reward for g in groups for t in g.trajectories])
-    index = torch.tensor([i for i, g in enumerate(groups) for _ in g.trajectories])
-    keep = keep_fn(rewards, index)
-    return [g for i, g in enumerate(groups) if bool(keep[index == i].all())]
-
-
 def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int, pad_id: int) -> dict[str, float]:
     """Advantages → loss → backward over micro-batches → optimizer step(s); returns averaged metrics."""
     import ray.train
-
-    from agentrl_ray.algorithms import compute_loss, token_logprobs_and_entropy, world_model_coeff_at
 
     rank, world = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
     a, lc = cfg.algorithm, cfg.learner
@@ -185,11 +79,11 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
     return out
 
 
-def evaluate(pool, sync, policy: Policy, rows: list[dict[str, Any]], cfg: Config, seed: int, pad_id: int) -> dict:
+def evaluate(
+    feed: RolloutFeed, policy: Policy, rows: list[dict[str, Any]], cfg: Config, seed: int, pad_id: int
+) -> dict:
     """Held-out success (sampled at rollout.eval_temperature) and the ECHO held-out environment-token CE."""
-    from agentrl_ray.algorithms import token_logprobs_and_entropy
-
-    groups, _ = pool.sample(rows, cfg.run.eval_samples, cfg.rollout.eval_temperature, seed, sync.take_pending())
+    groups = feed.evaluation(rows, seed)
     trajs = [t for g in groups for t in g.trajectories]
     rewards = [t.reward for t in trajs]
     out = {
@@ -292,32 +186,36 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     state = restore(policy) or {"step": 0, "samples": 0}
     start, samples = state["step"], state["samples"]
     sampler = PromptSampler(config["train_rows"], cfg.rollout.prompts_per_step, cfg.run.seed)
-    log = rollouts = None
+    log = feed = sender = None
     if rank == 0:
-        sync = make_sender(cfg, policy.lora_scaling)
-        sync.setup(pool.workers)
-        rollouts = Rollouts(pool, sampler, cfg, sync)
+        sender = make_sender(cfg, policy.lora_scaling)
+        sender.setup(pool.workers)
+        feed = RolloutFeed(pool, sender, sampler, cfg)
         log = MetricsLog(cfg.run_dir, cfg.run, cfg.to_dict(), cfg.run.steps)
         log.truncate_after(start)
         if start > 0:  # the rollout engines restarted from the base model: give them the checkpoint's weights
-            rollouts.push(policy.named_tensors_for_sync(), start)
+            sender.push(policy.named_tensors_for_sync(), start)
         elif cfg.run.eval_at_start:
-            m = evaluate(pool, sync, policy, config["eval_rows"], cfg, seed=-1, pad_id=pad_id)
+            m = evaluate(feed, policy, config["eval_rows"], cfg, seed=-1, pad_id=pad_id)
             log.log(0, {**m, "samples": 0})
             print(f"step    0/{cfg.run.steps} | eval success {m['eval/success']:.3f} (before training)", flush=True)
     for step in range(start, cfg.run.steps):
+        # rollout (scored in the workers) → broadcast to every rank
         t_step = time.perf_counter()
-        groups, timings, stats = rollouts.take(step, version=step) if rank == 0 else (None, RolloutTimings(), {})
+        groups, timings, stats = feed.take(step, version=step) if rank == 0 else (None, RolloutTimings(), {})
         t_rollout = time.perf_counter() - t_step
         groups = broadcast_groups(groups, world)
+        # advantages → loss → update, every rank on its shard
         metrics: dict[str, Any] = {}
         t0 = time.perf_counter()
         if groups:
             metrics.update(update(policy, groups, cfg, step, pad_id))
         t_learn = time.perf_counter() - t0
+        # sync: rank 0 pushes the new weights to every engine
         t_wait = t_sync = 0.0
         if rank == 0:
-            t_wait, t_sync = rollouts.push(policy.named_tensors_for_sync(), step + 1)
+            t_wait, t_sync = sync_weights(feed, sender, policy, step + 1)
+        # log, evaluate, checkpoint
         done = step + 1
         samples += sum(len(g.trajectories) for g in groups)
         metrics.update(
@@ -331,7 +229,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 else {"reward/mean": 0.0, "rollout/success": 0.0, "rollout/sampled_tokens": 0}
             )
             if (cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == cfg.run.steps:
-                metrics.update(evaluate(pool, sync, policy, config["eval_rows"], cfg, seed=-1 - done, pad_id=pad_id))
+                metrics.update(evaluate(feed, policy, config["eval_rows"], cfg, seed=-1 - done, pad_id=pad_id))
             log.log(done, metrics)
             log.print_step(done, metrics)
         if (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0) or done == cfg.run.steps:
@@ -343,6 +241,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         log.close()
         if cfg.run.plot and log.path.exists():
             plot_curves(log.path, cfg.run_dir / "reward_curve.png")
+
+
+def sync_weights(feed: RolloutFeed, sender, policy: Policy, version: int) -> tuple[float, float]:
+    """Send weights `version` to every engine, after the batch in flight (if any) is back. Returns the seconds
+    spent (waiting for that batch, pushing)."""
+    wait = feed.settle()
+    t0 = time.perf_counter()
+    sender.push(policy.named_tensors_for_sync(), version)
+    return wait, time.perf_counter() - t0
 
 
 def _phase_times(timings: RolloutTimings, rollout: float, learn: float, sync: float, total: float) -> dict[str, float]:
