@@ -13,20 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_ray.config import Config, ConfigError
+from agentrl_ray.threads import ThreadPolicy
 
 log = logging.getLogger("agentrl_ray")
 # Ray folds log lines that differ only in numbers into "[repeated Nx]", which would hide most per-step lines. Read
 # once when Ray is imported, so set before that.
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 SNAPSHOT = "checkpoint_manager_snapshot.json"
-# Actors inherit these: keep the console to the per-step lines and real warnings.
-QUIET_ENV = {
-    "TOKENIZERS_PARALLELISM": "false",
-    "VLLM_LOGGING_LEVEL": "WARNING",
-    "TRANSFORMERS_VERBOSITY": "error",
-    "RAY_TRAIN_ENABLE_WORKER_STRUCTURED_LOGGING": "0",
-    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
-}
 
 
 def resolve_model(path: str) -> str:
@@ -57,16 +50,12 @@ def check_run_dir(cfg: Config) -> None:
         (cfg.run_dir / "metrics.jsonl").unlink()  # a previous attempt that never checkpointed
 
 
-def init_ray(cfg: Config) -> None:
+def init_ray(cfg: Config, threads: ThreadPolicy) -> None:
     import ray
 
     if ray.is_initialized():
         return
-    from agentrl_ray.profiles import overlap_env
-
-    env_vars = {**QUIET_ENV, **overlap_env(cfg.sync.max_staleness > 0, cfg.learner.use_gpu)}
-    if not cfg.learner.use_gpu:
-        env_vars["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would otherwise probe for GPUs and warn
+    env_vars = threads.actor_env()
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
     else:
@@ -95,7 +84,8 @@ def train(cfg: Config) -> dict[str, Any]:
     eval_rows = load_rows(cfg.data.eval, cfg.data, split="eval", size=cfg.data.eval_size)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    init_ray(cfg)
+    threads = ThreadPolicy.of(cfg)  # the CPU/overlap policy of every actor, decided once
+    init_ray(cfg, threads)
 
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -103,7 +93,7 @@ def train(cfg: Config) -> dict[str, Any]:
     from agentrl_ray.learner.loop import train_loop_per_worker
     from agentrl_ray.rollout.pool import RolloutPool
 
-    pool = RolloutPool.create(cfg, model_path)
+    pool = RolloutPool.create(cfg, model_path, threads)
     try:
         lc = cfg.learner
         trainer = TorchTrainer(
@@ -112,6 +102,7 @@ def train(cfg: Config) -> dict[str, Any]:
                 "config": cfg,
                 "pool": pool,
                 "model_path": model_path,
+                "threads": threads,
                 "train_rows": train_rows,
                 "eval_rows": eval_rows,
             },

@@ -1,4 +1,4 @@
-"""Hardware profiles: presets that sit under the user's YAML and overrides.
+"""Hardware profiles: presets that sit under the user's YAML and overrides (the thread policy is in `threads`).
 
 `profile=auto` looks at the machine (cores, RAM, GPUs) and picks `gpu` when CUDA devices are visible, else `cpu`.
 A Ryzen-class workstation (>= 8 cores, >= 32 GiB, no GPU) gets a larger CPU preset: more rollout workers and
@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl_ray.threads import node_cores
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -25,11 +27,6 @@ class Hardware:
     @property
     def workstation(self) -> bool:
         return self.gpus == 0 and self.cpus >= 8 and self.ram_gib >= 32
-
-
-def node_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def detect_hardware() -> Hardware:
@@ -117,35 +114,3 @@ def profile_preset(profile: str, hardware: Hardware | None = None) -> dict[str, 
             "sync": {"transport": "collective"},
         }
     raise ValueError(f"unknown profile {profile!r}")
-
-
-def default_threads(
-    role: str, *, overlapped: bool, rollout_workers: int, learner_workers: int = 1, cores: int | None = None
-) -> int:
-    """Torch threads of a CPU learner (`role="learner"`) or rollout engine (`"rollout"`) whose config leaves them
-    at 0, from the cores of the node it runs on.
-
-    On-policy (`overlapped=False`, `sync.max_staleness=0`) rollout and learning alternate, so each takes every core
-    (several engines, or several learner workers, share them). Overlapped (`sync.max_staleness=1`) they run at the
-    same time: the learner keeps every core and the engines share half of them. The learner is the longer phase
-    in every run measured (docs/benchmarks.md), and when the rollout finishes first the learner has the machine to
-    itself; while both run, the cores are oversubscribed, which costs little only because the driver then makes
-    OpenMP threads sleep instead of spin when they wait (`OMP_WAIT_POLICY=PASSIVE`, `overlap_env`).
-    """
-    cores = cores or node_cores()
-    if role == "learner":
-        return max(1, cores // max(1, learner_workers))
-    engines = max(1, cores // 2) if overlapped else cores
-    return max(1, engines // max(1, rollout_workers))
-
-
-def overlap_env(overlapped: bool, use_gpu: bool) -> dict[str, str]:
-    """Environment for every actor process: with overlapped CPU phases, OpenMP threads sleep while they wait.
-
-    Measured on 2 cores, 25M model, learner on 2 threads and engine on 1 at the same time: 6.08 s per step with
-    the default (spinning) wait, 5.07 s with PASSIVE. On-policy the phases never share cores and spinning is
-    faster for a small model's many short ops (tiny model: 1.04 s vs 1.38 s per step), so it stays as it is.
-    A value the user exported wins."""
-    if not overlapped or use_gpu or "OMP_WAIT_POLICY" in os.environ:
-        return {}
-    return {"OMP_WAIT_POLICY": "PASSIVE"}

@@ -102,10 +102,10 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=48, help="per turn")
     args = p.parse_args()
 
-    from agentrl_ray.rollout.engine import VLLMEngine, configure_vllm_env
+    from agentrl_ray.rollout.engine import VLLMEngine, vllm_env
 
     use_gpu = torch.cuda.is_available()
-    configure_vllm_env(kv_cache_gib=1.0, use_gpu=use_gpu)
+    os.environ.update(vllm_env(kv_cache_gib=1.0, use_gpu=use_gpu))
     torch.set_num_threads(os.cpu_count() or 1)
     from transformers import AutoTokenizer
 

@@ -172,7 +172,7 @@ def bounds(m: dict[str, float], step: dict[str, float], hw: dict[str, dict], pro
 def phase_settings(run_dir: Path | None, args) -> dict[str, tuple[int, str]]:
     """(threads, dtype) each phase ran with: from the run's config.json (its thread defaults resolved for this
     machine), else the command line."""
-    from agentrl_ray.profiles import default_threads
+    from agentrl_ray.threads import default_threads
 
     cfg = json.loads((run_dir / "config.json").read_text()) if run_dir and (run_dir / "config.json").exists() else {}
     overlapped = cfg.get("sync", {}).get("max_staleness", 0) > 0

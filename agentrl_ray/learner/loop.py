@@ -23,7 +23,6 @@ from agentrl_ray.learner.batching import build_batch, loss_norm, micro_batches, 
 from agentrl_ray.learner.feed import PromptSampler, RolloutFeed
 from agentrl_ray.learner.policy import TRAINER_STATE, Policy
 from agentrl_ray.outputs import MetricsLog, plot_curves
-from agentrl_ray.profiles import default_threads
 from agentrl_ray.sync.sender import make_sender
 from agentrl_ray.types import RolloutTimings, TrajectoryGroup
 
@@ -170,15 +169,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     pool, model_path = config["pool"], config["model_path"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    # Ray sets OMP_NUM_THREADS from num_cpus; on-policy, learning and rollout alternate, so use the node's cores
-    # (overlapped, half of them: profiles.default_threads).
-    overlapped = cfg.sync.max_staleness > 0
-    torch.set_num_threads(
-        cfg.learner.torch_threads
-        or default_threads(
-            "learner", overlapped=overlapped, rollout_workers=cfg.rollout.num_workers, learner_workers=world
-        )
-    )
+    torch.set_num_threads(config["threads"].learner_worker_threads())  # the run's policy, see threads.py
     torch.manual_seed(cfg.run.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -4,8 +4,8 @@ Tokens in, tokens out: prompts go in as token ids and come back as sampled token
 sampled token, so the learner trains on exactly what was sampled. Weights are updated in place through vLLM's
 `reload_weights` with Hugging Face parameter names (the path that works on CPU as well as GPU, see FACTS.md).
 
-vLLM's engine settings are process-wide environment variables, so `configure_vllm_env` must run before the first
-`import vllm` in the process (the rollout worker calls it in its constructor).
+vLLM's engine settings are process-wide environment variables, read at `import vllm`: `vllm_env` gives them, and the
+rollout pool starts each worker's process with them.
 """
 
 from __future__ import annotations
@@ -18,14 +18,17 @@ from dataclasses import dataclass
 import torch
 
 
-def configure_vllm_env(*, kv_cache_gib: float, use_gpu: bool) -> None:
+def vllm_env(*, kv_cache_gib: float, use_gpu: bool) -> dict[str, str]:
+    """Environment variables of an engine's process, to be set before `import vllm`."""
     # Keep the engine core in this process so collective_rpc runs in-process (weight reload without IPC).
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if not use_gpu:
         # Without an explicit size vLLM CPU reserves most of RAM for KV cache, and a second engine then fails.
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(round(kv_cache_gib))))
-        # Threads are shared with the learner and env actors on small machines: do not pin cores.
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(round(kv_cache_gib))))
+        # Threads are shared with the learner and env actors on small machines: do not pin cores (unless the user
+        # exported a binding).
+        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    return env
 
 
 @dataclass

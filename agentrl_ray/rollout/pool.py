@@ -15,8 +15,10 @@ import ray
 
 from agentrl_ray.config import Config
 from agentrl_ray.envs.host import EnvHost
+from agentrl_ray.rollout.engine import vllm_env
 from agentrl_ray.rollout.worker import RolloutWorker
 from agentrl_ray.sync.collective import collective_backend
+from agentrl_ray.threads import ThreadPolicy
 from agentrl_ray.types import RolloutTimings, TrajectoryGroup, WeightUpdate
 
 
@@ -34,11 +36,13 @@ class RolloutPool:
         self.env_hosts = env_hosts
 
     @classmethod
-    def create(cls, cfg: Config, model_path: str) -> RolloutPool:
+    def create(cls, cfg: Config, model_path: str, threads: ThreadPolicy | None = None) -> RolloutPool:
+        """Start the env hosts and rollout workers; `threads`: the run's policy (the driver's), else from `cfg`."""
+        threads = threads or ThreadPolicy.of(cfg)
         env_actor = ray.remote(EnvHost).options(num_cpus=cfg.env.num_cpus_per_actor, max_concurrency=1000)
         env_hosts = [env_actor.remote(tool_timeout_s=cfg.env.tool_timeout_s) for _ in range(cfg.env.num_actors)]
         r = cfg.rollout
-        runtime_env = {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}}
+        runtime_env = {"env_vars": vllm_env(kv_cache_gib=r.kv_cache_gib, use_gpu=threads.engines_on_gpu)}
         worker_actor = ray.remote(RolloutWorker).options(
             num_cpus=r.num_cpus_per_worker, num_gpus=r.num_gpus_per_worker, runtime_env=runtime_env
         )
@@ -53,7 +57,7 @@ class RolloutPool:
                 env_hosts,
                 cfg.run.seed,
                 collective_backend(cfg),  # the same choice as the learner's sender (sync.sender.make_sender)
-                cfg.sync.max_staleness > 0,
+                threads,
             )
             for i in range(r.num_workers)
         ]

@@ -15,12 +15,12 @@ import torch
 from agentrl_ray.config import EnvConfig, ModelConfig, RewardConfig, RolloutConfig
 from agentrl_ray.envs.base import load_env_class, tool_schemas
 from agentrl_ray.envs.client import EnvClient
-from agentrl_ray.profiles import default_threads
 from agentrl_ray.rewards import load_reward_functions, score
 from agentrl_ray.rollout.agent_loop import Episode, run_episodes
-from agentrl_ray.rollout.engine import VLLMEngine, configure_vllm_env
+from agentrl_ray.rollout.engine import VLLMEngine
 from agentrl_ray.sync.collective import CollectiveBackend
 from agentrl_ray.sync.receiver import WeightReceiver
+from agentrl_ray.threads import ThreadPolicy
 from agentrl_ray.types import RolloutTimings, Trajectory, TrajectoryGroup, WeightUpdate, role_masks
 
 
@@ -36,14 +36,10 @@ class RolloutWorker:
         env_hosts: list[Any],
         seed: int,
         collective: CollectiveBackend,
-        overlapped: bool = False,
+        threads: ThreadPolicy,
     ) -> None:
-        configure_vllm_env(kv_cache_gib=cfg.kv_cache_gib, use_gpu=cfg.num_gpus_per_worker > 0)
-        # Ray sets OMP_NUM_THREADS from num_cpus (often 1); vLLM CPU freezes the thread count at engine start.
-        # `overlapped`: the learner trains while this engine generates (sync.max_staleness=1), see default_threads.
-        torch.set_num_threads(
-            cfg.num_threads or default_threads("rollout", overlapped=overlapped, rollout_workers=cfg.num_workers)
-        )
+        # Before the engine starts: vLLM CPU freezes the thread count then (its env vars came with the process).
+        torch.set_num_threads(threads.engine_threads())
         from transformers import AutoTokenizer
 
         self.index = index
@@ -67,7 +63,7 @@ class RolloutWorker:
             max_num_seqs=cfg.max_num_seqs,
             enforce_eager=cfg.enforce_eager,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
-            use_gpu=cfg.num_gpus_per_worker > 0,
+            use_gpu=threads.engines_on_gpu,
         )
         self.weights = WeightReceiver(model_path, self.engine.load_weights, collective)
 

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from agentrl_ray.config import Config
+from agentrl_ray.threads import ThreadPolicy
 from agentrl_ray.types import TensorMeta, WeightUpdate
 
 TIMEOUT = datetime.timedelta(minutes=10)
@@ -31,7 +32,8 @@ class CollectiveBackend:
 
 def collective_backend(cfg: Config) -> CollectiveBackend:
     """The one choice both ends make (the learner's sender and every engine's receiver)."""
-    if cfg.learner.use_gpu and cfg.rollout.num_gpus_per_worker > 0:
+    threads = ThreadPolicy.of(cfg)
+    if threads.learner_on_gpu and threads.engines_on_gpu:
         return CollectiveBackend("nccl", "cuda")
     return CollectiveBackend("gloo", "cpu")
 

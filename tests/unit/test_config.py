@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from agentrl_ray.config import ConfigError, load_config, parse_overrides
-from agentrl_ray.profiles import Hardware, default_threads, overlap_env, profile_preset, resolve_profile
+from agentrl_ray.profiles import Hardware, profile_preset, resolve_profile
+from agentrl_ray.threads import ThreadPolicy, default_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(ROOT.glob("examples/**/*.yaml"))
@@ -101,8 +102,21 @@ def test_thread_defaults_and_wait_policy(monkeypatch):
     assert default_threads("rollout", overlapped=True, rollout_workers=2, cores=16) == 4
     assert default_threads("rollout", overlapped=True, rollout_workers=4, cores=2) == 1
     assert default_threads("learner", overlapped=True, rollout_workers=1, learner_workers=2, cores=2) == 1
+
     # Oversubscribed cores only when overlapped on CPU: then OpenMP threads must not spin while waiting.
-    assert overlap_env(True, use_gpu=False) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert overlap_env(False, use_gpu=False) == {} and overlap_env(True, use_gpu=True) == {}
+    def env(*overrides):
+        return ThreadPolicy.of(load_config(None, list(overrides))).actor_env()
+
+    assert env("profile=cpu", "sync.max_staleness=1")["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in env("profile=cpu") and "OMP_WAIT_POLICY" not in env("profile=gpu")
+    assert env("profile=cpu")["DS_ACCELERATOR"] == "cpu" and "DS_ACCELERATOR" not in env("profile=gpu")
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice wins
-    assert overlap_env(True, use_gpu=False) == {}
+    assert "OMP_WAIT_POLICY" not in env("profile=cpu", "sync.max_staleness=1")
+
+
+def test_thread_policy_is_resolved_once_from_the_config():
+    policy = ThreadPolicy.of(load_config(None, ["profile=cpu", "rollout.num_workers=2", "sync.max_staleness=1"]))
+    assert policy.overlapped and not policy.learner_on_gpu and not policy.engines_on_gpu
+    assert policy.engine_threads(cores=8) == 2 and policy.learner_worker_threads(cores=8) == 8
+    explicit = ThreadPolicy.of(load_config(None, ["profile=cpu", "rollout.num_threads=3", "learner.torch_threads=5"]))
+    assert explicit.engine_threads(cores=64) == 3 and explicit.learner_worker_threads(cores=64) == 5
