@@ -26,7 +26,9 @@ ratio per token, KL to a frozen reference added to the loss. Where we deviate fr
    soft overlong punishment (`overlong_penalty`).
 8. ECHO (https://arxiv.org/abs/2605.24517, "ECHO: Terminal Agents Learn World Models for Free"): the same forward
    pass also scores the environment's tokens; lambda * their cross-entropy is added, teaching the policy to predict
-   what its tools will answer. `world_model_only` trains on that loss alone (rewards are ignored).
+   what its tools will answer. Its settings are the `echo` config section; its normalization uses the policy loss's
+   aggregation names (`token_mean`, `seq_mean_token_mean` over the sequences that have environment tokens,
+   `seq_mean_token_sum_norm`). `echo.only` trains on that loss alone (rewards are ignored).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agentrl_ray.config import AlgorithmConfig
+from agentrl_ray.config import AlgorithmConfig, EchoConfig
 from agentrl_ray.types import TrainBatch
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -179,32 +181,15 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float) 
     return factor * ramp.clamp(min=-1.0, max=0.0)
 
 
-def world_model_coeff_at(cfg: AlgorithmConfig, step: int) -> float:
-    """ECHO lambda at optimizer step `step`: constant, linear decay, or one drop at `world_model_decay_steps`."""
-    start, final = cfg.world_model_coeff, cfg.world_model_final_coeff
-    if cfg.world_model_schedule == "constant":
+def echo_coeff_at(cfg: EchoConfig, step: int) -> float:
+    """ECHO lambda at optimizer step `step`: constant, linear decay, or one drop at `decay_steps`."""
+    start, final = cfg.coeff, cfg.final_coeff
+    if cfg.schedule == "constant":
         return start
-    if cfg.world_model_schedule == "linear":
-        frac = min(1.0, step / cfg.world_model_decay_steps)
+    if cfg.schedule == "linear":
+        frac = min(1.0, step / cfg.decay_steps)
         return start + (final - start) * frac
-    return start if step < cfg.world_model_decay_steps else final
-
-
-def batch_stats(rewards: Tensor, advantages: Tensor, group_index: Tensor) -> dict[str, float]:
-    """Reward/advantage summaries of one step and the fraction of groups with zero reward variance."""
-    varied = dynamic_sampling_keep(rewards, group_index)  # (N,)
-    n_groups = int(group_index.max()) + 1
-    group_varied = torch.zeros(n_groups, dtype=torch.bool).index_fill_(0, group_index[varied], True)  # (G,)
-    return {
-        "reward_mean": float(rewards.float().mean()),
-        "reward_std": float(rewards.float().std(correction=0)),
-        "advantage_mean": float(advantages.mean()),
-        "advantage_std": float(advantages.std(correction=0)),
-        "advantage_abs_mean": float(advantages.abs().mean()),
-        "advantage_min": float(advantages.min()),
-        "advantage_max": float(advantages.max()),
-        "zero_variance_group_frac": 1.0 - float(group_varied.float().mean()),
-    }
+    return start if step < cfg.decay_steps else final
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -226,30 +211,31 @@ class LossNorm:
     norm_constant: float  # the fixed length of the *_sum_norm modes (Dr. GRPO)
     world_size: int
 
-
-def _local_norm(batch_action_mask: Tensor, batch_env_mask: Tensor, norm_constant: float) -> LossNorm:
-    """Counts of one micro-batch alone (world size 1): for metrics that describe just this micro-batch."""
-    return LossNorm(
-        action_tokens=float(batch_action_mask.sum()),
-        sequences=float(batch_action_mask.shape[0]),
-        env_tokens=float(batch_env_mask.sum()),
-        env_sequences=float((batch_env_mask.sum(dim=1) > 0).sum()),
-        norm_constant=norm_constant,
-        world_size=1,
-    )
+    @classmethod
+    def of(cls, action_mask: Tensor, env_mask: Tensor, norm_constant: float, world_size: int) -> LossNorm:
+        """The counts of a batch's masks (B, T): the whole step's (the learner's), or one micro-batch's alone
+        (world size 1, for metrics that describe just that micro-batch)."""
+        return cls(
+            action_tokens=float(action_mask.sum()),
+            sequences=float(action_mask.shape[0]),
+            env_tokens=float(env_mask.sum()),
+            env_sequences=float((env_mask.sum(dim=1) > 0).sum()),
+            norm_constant=float(norm_constant),
+            world_size=world_size,
+        )
 
 
 def aggregate(values: Tensor, mask: Tensor, mode: str, tokens: float, sequences: float, norm: LossNorm) -> Tensor:
     """Reduce per-token values (B, T) over `mask` to this micro-batch's share of the step's scalar.
 
     `tokens` / `sequences` are the global counts for this loss (action or env); max(1, .) keeps empty steps finite.
-    token_mean / selected_tokens: sum / tokens. seq_mean_token_mean / sequence_mean: per-sequence mean, summed,
-    / sequences. seq_mean_token_sum: per-sequence sum / sequences. seq_mean_token_sum_norm: sum / constant / sequences.
+    token_mean: sum / tokens. seq_mean_token_mean: per-sequence mean, summed, / sequences. seq_mean_token_sum:
+    per-sequence sum / sequences. seq_mean_token_sum_norm: sum / constant / sequences.
     """
     masked = values * mask  # (B, T)
-    if mode in ("token_mean", "selected_tokens"):
+    if mode == "token_mean":
         total = masked.sum() / max(tokens, 1.0)
-    elif mode in ("seq_mean_token_mean", "sequence_mean"):
+    elif mode == "seq_mean_token_mean":
         total = (masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).sum() / max(sequences, 1.0)
     elif mode == "seq_mean_token_sum":
         total = masked.sum() / max(sequences, 1.0)
@@ -330,12 +316,13 @@ def compute_loss(
     *,
     old_logprobs: Tensor,
     world_coeff: float,
+    echo: EchoConfig | None = None,
     ref_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """This micro-batch's share of the step loss, and its metrics.
 
     loss = [policy loss + beta * KL] on action tokens (aggregated by `cfg.loss_aggregation`; skipped when
-           `world_model_only`) + world_coeff * CE on environment tokens (by `cfg.world_loss_normalization`).
+           `echo.only`) + world_coeff * CE on environment tokens (aggregated by `echo.normalization`).
     The CE reuses `logprobs` (one forward). Truncated samples lose their policy and KL terms with `mask_truncated`
     (DAPO overlong filtering) but stay in the global denominators and keep their world-model term (their tool
     outputs are real). Metrics are plain floats describing THIS micro-batch alone (means over its tokens, except
@@ -343,11 +330,12 @@ def compute_loss(
     """
     act = batch.action_mask.float()  # (B, T)
     env = batch.env_mask.float()  # (B, T)
-    local = _local_norm(act, env, norm.norm_constant)
+    echo = echo or EchoConfig()
+    local = LossNorm.of(act, env, norm.norm_constant, world_size=1)
     zero = logprobs.sum() * 0.0  # keeps the graph connected when a term is empty
     policy, policy_local, kl_local = zero, 0.0, 0.0
     per_token, metrics = _policy_terms(logprobs, batch, cfg, old_logprobs, act)
-    if not cfg.world_model_only:
+    if not echo.only:
         keep = act * (~batch.truncated.bool()).float().unsqueeze(1) if cfg.mask_truncated else act  # (B, T)
         policy_local = float(aggregate(per_token.detach(), keep, cfg.loss_aggregation, *_counts(local, "act"), local))
         if cfg.beta > 0:
@@ -360,7 +348,7 @@ def compute_loss(
             per_token = per_token + cfg.beta * kl
         policy = aggregate(per_token, keep, cfg.loss_aggregation, *_counts(norm, "act"), norm)
     ce = -logprobs  # (B, T): next-token cross-entropy of each environment token
-    mode = cfg.world_loss_normalization
+    mode = echo.normalization
     world = world_coeff * aggregate(ce, env, mode, *_counts(norm, "env", mode), norm) if world_coeff else zero
     world_local = world_coeff * float(aggregate(ce.detach(), env, mode, *_counts(local, "env", mode), local))
     mismatch = (logprobs.detach() - batch.rollout_logprobs) * act  # (B, T): log pi_learner - log pi_rollout
@@ -383,5 +371,6 @@ def _counts(norm: LossNorm, role: str, mode: str = "") -> tuple[float, float]:
     """(tokens, sequences) denominators for the action loss or the env loss under `mode`."""
     if role == "act":
         return norm.action_tokens, norm.sequences
-    # ECHO's sequence_mean averages over the sequences that HAVE env tokens; its sum_norm mode over all sequences.
-    return norm.env_tokens, norm.env_sequences if mode == "sequence_mean" else norm.sequences
+    # ECHO's seq_mean_token_mean averages over the sequences that HAVE env tokens; its sum_norm mode over all
+    # sequences.
+    return norm.env_tokens, norm.env_sequences if mode == "seq_mean_token_mean" else norm.sequences

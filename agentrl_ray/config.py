@@ -114,13 +114,16 @@ class AlgorithmConfig:
     mask_truncated: bool = False
     overlong_penalty_tokens: int = 0
     overlong_penalty_factor: float = 1.0
-    # ECHO world-model loss: λ·CE on environment (tool-output) tokens. 0 = plain GRPO.
-    world_model_coeff: float = 0.0
-    world_model_schedule: Literal["constant", "linear", "step"] = "constant"
-    world_model_final_coeff: float = 0.0
-    world_model_decay_steps: int = 0
-    world_loss_normalization: Literal["selected_tokens", "sequence_mean", "seq_mean_token_sum_norm"] = "selected_tokens"
-    world_model_only: bool = False
+
+
+@dataclass
+class EchoConfig:
+    coeff: float = 0.0
+    schedule: Literal["constant", "linear", "step"] = "constant"
+    final_coeff: float = 0.0
+    decay_steps: int = 0
+    normalization: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    only: bool = False
 
 
 @dataclass
@@ -192,6 +195,7 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    echo: EchoConfig = field(default_factory=EchoConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -333,7 +337,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def validate(cfg: Config) -> None:
     """Cross-field checks: combinations that cannot run fail here, before anything starts."""
-    r, a, lr, s = cfg.rollout, cfg.algorithm, cfg.learner, cfg.sync
+    r, a, e, lr, s = cfg.rollout, cfg.algorithm, cfg.echo, cfg.learner, cfg.sync
 
     def need(ok: bool, msg: str) -> None:
         if not ok:
@@ -367,19 +371,16 @@ def validate(cfg: Config) -> None:
         f"reward.functions has {len(cfg.reward.functions)} entries but reward.weights has "
         f"{len(cfg.reward.weights)}: give one weight per function",
     )
-    need(bool(cfg.reward.functions) or a.world_model_only, "reward.functions is empty: nothing to train on")
+    need(bool(cfg.reward.functions) or e.only, "reward.functions is empty: nothing to train on")
     need(0 <= a.epsilon < 1 and 0 <= a.epsilon_high, "algorithm.epsilon must be in [0, 1), epsilon_high >= 0")
     need(a.num_iterations >= 1, "algorithm.num_iterations must be at least 1")
     need(a.beta >= 0, "algorithm.beta must be >= 0")
     need(a.tis_cap == 0 or a.tis_cap >= 1, "algorithm.tis_cap must be 0 (off) or >= 1")
-    need(a.world_model_coeff >= 0, "algorithm.world_model_coeff must be >= 0")
+    need(e.coeff >= 0 and e.final_coeff >= 0, "echo.coeff and echo.final_coeff must be >= 0")
+    need(not e.only or e.coeff > 0, "echo.only=true needs echo.coeff > 0")
     need(
-        not a.world_model_only or a.world_model_coeff > 0,
-        "algorithm.world_model_only=true needs algorithm.world_model_coeff > 0",
-    )
-    need(
-        a.world_model_schedule == "constant" or a.world_model_decay_steps > 0,
-        "algorithm.world_model_schedule linear/step needs algorithm.world_model_decay_steps > 0",
+        e.schedule == "constant" or e.decay_steps > 0,
+        "echo.schedule linear/step needs echo.decay_steps > 0",
     )
     need(lr.num_workers >= 1, "learner.num_workers must be at least 1")
     need(lr.lr > 0, "learner.lr must be > 0")

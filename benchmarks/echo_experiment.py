@@ -5,7 +5,7 @@
     python benchmarks/echo_experiment.py --report-only          # rebuild docs/echo.md from the runs on disk
     python benchmarks/echo_experiment.py --sweep 0.01 0.1 --seeds 0 1 2 3 -- run.steps=80   # other settings
 
-Each run is `agentrl-ray train examples/calculator/config.yaml algorithm.world_model_coeff=L run.seed=S` (the
+Each run is `agentrl-ray train examples/calculator/config.yaml echo.coeff=L run.seed=S` (the
 README's default run, nothing else changed), in its own Ray instance, one after another. Held-out success and
 held-out environment-token CE come from the run's own evaluations (`eval/success`, `eval/env_token_ce` in
 metrics.jsonl, every `run.eval_every` steps on the same held-out prompts). The lambda for the seeded comparison is
@@ -49,7 +49,7 @@ def train(coeff: float, seed: int, extra: list[str]) -> Path:
         "agentrl_ray",
         "train",
         str(CONFIG),
-        f"algorithm.world_model_coeff={coeff}",
+        f"echo.coeff={coeff}",
         f"run.seed={seed}",
         f"run.output_dir={OUT}",
         f"run.name={run_dir.name}",

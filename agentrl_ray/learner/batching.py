@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl_ray.algorithms import LossNorm, compute_advantages, overlong_penalty
+from agentrl_ray.algorithms import compute_advantages, overlong_penalty
 from agentrl_ray.config import AlgorithmConfig
 from agentrl_ray.types import TrainBatch, TrajectoryGroup
 
@@ -33,18 +33,6 @@ def build_batch(groups: list[TrajectoryGroup], cfg: AlgorithmConfig, pad_id: int
         advantages=advantages,
         truncated=torch.tensor([t.finish_reason == "length" for t in trajs]),
         policy_version=torch.tensor([t.policy_version for t in trajs]),
-    )
-
-
-def loss_norm(batch: TrainBatch, norm_constant: float, world_size: int) -> LossNorm:
-    """Global counts over the whole step's batch (every rank holds it), so the loss is split-invariant."""
-    return LossNorm(
-        action_tokens=float(batch.action_mask.sum()),
-        sequences=float(len(batch)),
-        env_tokens=float(batch.env_mask.sum()),
-        env_sequences=float((batch.env_mask.sum(dim=1) > 0).sum()),
-        norm_constant=float(norm_constant),
-        world_size=world_size,
     )
 
 

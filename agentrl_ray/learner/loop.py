@@ -17,9 +17,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agentrl_ray.algorithms import compute_loss, token_logprobs_and_entropy, world_model_coeff_at
+from agentrl_ray.algorithms import LossNorm, compute_loss, echo_coeff_at, token_logprobs_and_entropy
 from agentrl_ray.config import Config
-from agentrl_ray.learner.batching import build_batch, loss_norm, micro_batches, shard
+from agentrl_ray.learner.batching import build_batch, micro_batches, shard
 from agentrl_ray.learner.feed import PromptSampler, RolloutFeed
 from agentrl_ray.learner.policy import TRAINER_STATE, Policy
 from agentrl_ray.outputs import MetricsLog, plot_curves
@@ -34,11 +34,12 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
     rank, world = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
     a, lc = cfg.algorithm, cfg.learner
     full = build_batch(groups, a, pad_id, cfg.rollout.max_total_tokens)
-    norm = loss_norm(full, a.loss_norm_constant or cfg.rollout.max_total_tokens, world)
+    # Counts over the whole step's batch (every rank holds it), so the loss is split-invariant.
+    norm = LossNorm.of(full.action_mask, full.env_mask, a.loss_norm_constant or cfg.rollout.max_total_tokens, world)
     mine = shard(full, rank, world)
     n_micro = math.ceil(max(len(shard(full, r, world)) for r in range(world)) / lc.micro_batch_size)
     mbs = [(mb.to(policy.device), w) for mb, w in micro_batches(mine, n_micro)]
-    coeff = world_model_coeff_at(a, step)
+    coeff = echo_coeff_at(cfg.echo, step)
     old = [mb.rollout_logprobs for mb, _ in mbs]
     if a.tis_cap > 0:  # PPO ratio against the learner's own recomputation; TIS weights the rollout mismatch
         with torch.no_grad():
@@ -62,7 +63,15 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
                 logits = policy.logits(mb.input_ids, mb.attention_mask)  # (b, t, V)
                 logprobs, entropy = token_logprobs_and_entropy(logits, mb.input_ids)
                 loss, metrics = compute_loss(
-                    logprobs, entropy, mb, a, norm, old_logprobs=old[i], world_coeff=coeff, ref_logprobs=refs[i]
+                    logprobs,
+                    entropy,
+                    mb,
+                    a,
+                    norm,
+                    old_logprobs=old[i],
+                    world_coeff=coeff,
+                    echo=cfg.echo,
+                    ref_logprobs=refs[i],
                 )
                 policy.backward(loss * weight, last)
             for k, v in metrics.items():

@@ -351,7 +351,7 @@ def test_training_step_with_hostile_rollouts_completes(local_ray, builtin_model_
             "profile=cpu",
             f"env.name={CODE_EXEC}",
             f"rollout.max_total_tokens={MAX_TOTAL_TOKENS}",
-            "algorithm.world_model_coeff=0.1",  # the hostile tool outputs are ECHO targets too
+            "echo.coeff=0.1",  # the hostile tool outputs are ECHO targets too
             "learner.lr=1e-3",
             "learner.num_cpus_per_worker=1",
         ],

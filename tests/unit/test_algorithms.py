@@ -9,16 +9,15 @@ import torch
 from agentrl_ray import algorithms
 from agentrl_ray.algorithms import (
     LossNorm,
-    batch_stats,
     compute_advantages,
     compute_loss,
     dynamic_sampling_keep,
+    echo_coeff_at,
     overlong_penalty,
     sequence_level_ratio,
     token_logprobs_and_entropy,
-    world_model_coeff_at,
 )
-from agentrl_ray.config import AlgorithmConfig
+from agentrl_ray.config import AlgorithmConfig, EchoConfig
 from agentrl_ray.types import TrainBatch
 
 LN2 = math.log(2.0)
@@ -40,22 +39,28 @@ def make_batch(action_mask, advantages, env_mask=None, rollout_logprobs=None, tr
 
 
 def norm_of(batch: TrainBatch, norm_constant: float = 1.0, world_size: int = 1) -> LossNorm:
-    return LossNorm(
-        action_tokens=float(batch.action_mask.sum()),
-        sequences=float(len(batch)),
-        env_tokens=float(batch.env_mask.sum()),
-        env_sequences=float((batch.env_mask.sum(dim=1) > 0).sum()),
-        norm_constant=norm_constant,
-        world_size=world_size,
-    )
+    return LossNorm.of(batch.action_mask, batch.env_mask, norm_constant, world_size)
 
 
-def loss_and_grad(logprobs, batch, cfg, norm=None, *, old=None, world_coeff=0.0, ref=None, entropy=None):
+def test_loss_norm_counts():
+    batch = make_batch([[0, 1, 1], [0, 0, 1]], [1.0, 1.0], env_mask=[[1, 0, 0], [0, 0, 0]])
+    assert norm_of(batch, 4.0, 2) == LossNorm(3.0, 2.0, 1.0, 1.0, 4.0, 2)
+
+
+def loss_and_grad(logprobs, batch, cfg, norm=None, *, old=None, world_coeff=0.0, ref=None, entropy=None, echo=None):
     lp = torch.tensor(logprobs, dtype=torch.float32, requires_grad=True)
     old = lp.detach().clone() if old is None else torch.tensor(old, dtype=torch.float32)
     ref = None if ref is None else torch.tensor(ref, dtype=torch.float32)
     loss, metrics = compute_loss(
-        lp, entropy, batch, cfg, norm or norm_of(batch), old_logprobs=old, world_coeff=world_coeff, ref_logprobs=ref
+        lp,
+        entropy,
+        batch,
+        cfg,
+        norm or norm_of(batch),
+        old_logprobs=old,
+        world_coeff=world_coeff,
+        echo=echo,
+        ref_logprobs=ref,
     )
     loss.backward()
     return loss.item(), lp.grad, metrics
@@ -151,16 +156,6 @@ def test_zero_variance_group_and_singleton_get_zero_advantage():
     assert torch.equal(adv, torch.zeros(3))
     adv = compute_advantages(torch.tensor([1.0, 1.0, 5.0]), torch.tensor([0, 0, 1]), AlgorithmConfig(baseline="rloo"))
     assert torch.equal(adv, torch.zeros(3))
-
-
-def test_batch_stats():
-    # group 0 = [1, 1] has zero variance, group 1 = [0, 1] does not.
-    stats = batch_stats(
-        torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([0.0, 0.0, -1.0, 1.0]), torch.tensor([0, 0, 1, 1])
-    )
-    assert stats["zero_variance_group_frac"] == 0.5
-    assert stats["reward_mean"] == 0.75 and stats["advantage_abs_mean"] == 0.5
-    assert stats["advantage_min"] == -1.0 and stats["advantage_max"] == 1.0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -332,15 +327,17 @@ ECHO_LOGP = [[0.0, -1.0, -3.0, -0.2], [0.0, -0.3, -5.0, -0.2], [0.0, -0.4, -0.1,
 @pytest.mark.parametrize(
     "mode,value,g0,g1",
     [
-        ("selected_tokens", 1.5, -1 / 6, -1 / 6),  # 0.5 * (1 + 3 + 5) / 3; grad -0.5 / 3
-        ("sequence_mean", 1.75, -0.125, -0.25),  # 0.5 * (2 + 5) / 2; row 0: -0.5 / 2 / 2, row 1: -0.5 / 1 / 2
+        ("token_mean", 1.5, -1 / 6, -1 / 6),  # 0.5 * (1 + 3 + 5) / 3; grad -0.5 / 3
+        # Over the sequences with env tokens: 0.5 * (2 + 5) / 2; row 0: -0.5 / 2 / 2, row 1: -0.5 / 1 / 2
+        ("seq_mean_token_mean", 1.75, -0.125, -0.25),
         ("seq_mean_token_sum_norm", 0.375, -1 / 24, -1 / 24),  # 0.5 * 9 / 4 / 3; grad -0.5 / 4 / 3
     ],
 )
-def test_world_model_normalization(mode, value, g0, g1):
+def test_echo_normalization(mode, value, g0, g1):
     batch = make_batch([[0, 0, 0, 1]] * 3, [0.0, 0.0, 0.0], env_mask=ECHO_ENV)
-    cfg = AlgorithmConfig(world_model_coeff=0.5, world_loss_normalization=mode)
-    loss, grad, m = loss_and_grad(ECHO_LOGP, batch, cfg, norm_of(batch, norm_constant=4.0), world_coeff=0.5)
+    echo = EchoConfig(coeff=0.5, normalization=mode)
+    norm = norm_of(batch, norm_constant=4.0)
+    loss, grad, m = loss_and_grad(ECHO_LOGP, batch, AlgorithmConfig(), norm, world_coeff=0.5, echo=echo)
     assert loss == pytest.approx(value)
     expected = torch.zeros(3, 4)
     expected[0, 1:3] = g0
@@ -350,14 +347,14 @@ def test_world_model_normalization(mode, value, g0, g1):
     assert m["world_loss_weighted"] == pytest.approx(value) and m["env_tokens"] == 3.0
 
 
-def test_world_model_only_ignores_rewards():
+def test_echo_only_ignores_rewards():
     # Only 0.5 * (1 + 3 + 5) / 3 = 1.5 remains, whatever the advantages are.
-    cfg = AlgorithmConfig(world_model_coeff=0.5, world_model_only=True, beta=0.1)
+    cfg, echo = AlgorithmConfig(beta=0.1), EchoConfig(coeff=0.5, only=True)
     results = []
     for adv in ([1.0, -2.0, 0.5], [7.0, 3.0, -9.0]):
         batch = make_batch([[0, 0, 0, 1]] * 3, adv, env_mask=ECHO_ENV)
         old = [[0.0, 0.0, 0.0, 1.0]] * 3  # PPO ratio far from 1, so a policy term would show
-        results.append(loss_and_grad(ECHO_LOGP, batch, cfg, old=old, world_coeff=0.5))
+        results.append(loss_and_grad(ECHO_LOGP, batch, cfg, old=old, world_coeff=0.5, echo=echo))
     assert results[0][0] == pytest.approx(1.5) and results[1][0] == pytest.approx(1.5)
     torch.testing.assert_close(results[0][1], results[1][1])
     assert results[0][1][:, 3].abs().sum() == 0  # action tokens get no gradient
@@ -374,15 +371,15 @@ def test_world_coeff_zero_leaves_policy_loss_alone():
 # schedule, dynamic sampling, overlong penalty
 
 
-def test_world_model_schedules():
-    base = dict(world_model_coeff=1.0, world_model_final_coeff=0.2, world_model_decay_steps=10)
-    constant = AlgorithmConfig(**base)
-    linear = AlgorithmConfig(**base, world_model_schedule="linear")
-    step = AlgorithmConfig(**base, world_model_schedule="step")
-    assert world_model_coeff_at(constant, 0) == 1.0 and world_model_coeff_at(constant, 100) == 1.0
+def test_echo_schedules():
+    base = dict(coeff=1.0, final_coeff=0.2, decay_steps=10)
+    constant = EchoConfig(**base)
+    linear = EchoConfig(**base, schedule="linear")
+    step = EchoConfig(**base, schedule="step")
+    assert echo_coeff_at(constant, 0) == 1.0 and echo_coeff_at(constant, 100) == 1.0
     # linear: 1 + (0.2 - 1) * min(1, s / 10)
-    assert [world_model_coeff_at(linear, s) for s in (0, 5, 10, 20)] == pytest.approx([1.0, 0.6, 0.2, 0.2])
-    assert [world_model_coeff_at(step, s) for s in (0, 9, 10, 50)] == [1.0, 1.0, 0.2, 0.2]
+    assert [echo_coeff_at(linear, s) for s in (0, 5, 10, 20)] == pytest.approx([1.0, 0.6, 0.2, 0.2])
+    assert [echo_coeff_at(step, s) for s in (0, 9, 10, 50)] == [1.0, 1.0, 0.2, 0.2]
 
 
 def test_dynamic_sampling_keep():
@@ -428,7 +425,7 @@ def _random_case(seed: int):
     return batch, logits, old, ref
 
 
-def _step_loss(logits, batch, old, ref, cfg, world: int, micro: int, rows_of_rank) -> torch.Tensor:
+def _step_loss(logits, batch, old, ref, cfg, echo, world: int, micro: int, rows_of_rank) -> torch.Tensor:
     """What the learner does: each rank sums its micro-batch losses; DDP then averages the ranks' gradients."""
     norm = norm_of(batch, norm_constant=12.0, world_size=world)
     total = 0.0
@@ -439,22 +436,28 @@ def _step_loss(logits, batch, old, ref, cfg, world: int, micro: int, rows_of_ran
             mb = TrainBatch(**{k: (v[chunk][:, :t] if v.dim() == 2 else v[chunk]) for k, v in batch.__dict__.items()})
             lp, ent = token_logprobs_and_entropy(logits[chunk][:, :t], mb.input_ids)
             loss, _ = compute_loss(
-                lp, ent, mb, cfg, norm, old_logprobs=old[chunk][:, :t], world_coeff=0.7, ref_logprobs=ref[chunk][:, :t]
+                lp,
+                ent,
+                mb,
+                cfg,
+                norm,
+                old_logprobs=old[chunk][:, :t],
+                world_coeff=0.7,
+                echo=echo,
+                ref_logprobs=ref[chunk][:, :t],
             )
             total = total + loss / world
     return total
 
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"])
-@pytest.mark.parametrize("world_norm", ["selected_tokens", "sequence_mean", "seq_mean_token_sum_norm"])
+@pytest.mark.parametrize("world_norm", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_micro_batch_and_rank_split_leaves_gradient_unchanged(agg, world_norm, level):
     batch, logits, old, ref = _random_case(0)
     cfg = AlgorithmConfig(
         loss_aggregation=agg,
-        world_loss_normalization=world_norm,
         importance_sampling_level=level,
-        world_model_coeff=0.7,
         beta=0.05,
         tis_cap=1.5,
         mask_truncated=True,
@@ -464,7 +467,8 @@ def test_micro_batch_and_rank_split_leaves_gradient_unchanged(agg, world_norm, l
     grads = []
     for world, micro, rows in [(1, 1, [range(7)]), (1, 3, [range(7)]), (2, 2, [range(4), range(4, 7)])]:
         leaf = logits.clone().requires_grad_(True)
-        _step_loss(leaf, batch, old, ref, cfg, world, micro, [list(r) for r in rows]).backward()
+        echo = EchoConfig(coeff=0.7, normalization=world_norm)
+        _step_loss(leaf, batch, old, ref, cfg, echo, world, micro, [list(r) for r in rows]).backward()
         grads.append(leaf.grad)
     assert grads[0].abs().sum() > 0
     torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-5)
