@@ -54,9 +54,10 @@ class Trajectory:
     finish_reason: str
     prompt_len: int
     reward_parts: dict[str, float] = field(default_factory=dict)
-    num_tool_calls: int = 0
+    num_tool_calls: int = 0  # tool calls, well-formed or not
     num_tool_errors: int = 0
-    completion_text: str = ""
+    num_steps: int = 0  # a turn-based environment's `step` calls
+    num_step_errors: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

@@ -129,6 +129,10 @@ def rollout_metrics(groups: list[TrajectoryGroup], cfg: Config, version: int | N
         "rollout/zero_variance_groups": sum(len(set(g.rewards)) == 1 for g in groups) / max(1, len(groups)),
         "rollout/truncated": sum(t.finish_reason == "length" for t in trajs) / n,
     }
+    steps = sum(t.num_steps for t in trajs)
+    if steps:  # a turn-based environment
+        metrics["rollout/steps_per_traj"] = steps / n
+        metrics["rollout/step_error_rate"] = sum(t.num_step_errors for t in trajs) / steps
     if version is not None:  # how many versions behind the learner the sampling weights were
         metrics["rollout/staleness"] = sum(version - t.policy_version for t in trajs) / n
     parts: dict[str, float] = {}

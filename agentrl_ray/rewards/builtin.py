@@ -2,7 +2,8 @@
 
 `completions` holds one completion per sample in TRL's conversational format, a list of messages
 `{"role": "assistant" | "tool", "content": str}` (a plain string is read as a single assistant message);
-kwargs carry the dataset columns (one value per sample), `trajectories` and `env_rewards`.
+kwargs carry the dataset columns (one value per sample), `episode_stats` (one dict of counters per sample:
+finish_reason, num_tool_calls, num_tool_errors, num_steps, num_step_errors, num_tokens) and `env_rewards`.
 """
 
 from __future__ import annotations
@@ -52,14 +53,14 @@ def answer_match(completions: list[Completion], answer: list[Any], **kwargs: Any
     return out
 
 
-def count_tool_calls(completion: Completion, trajectory: dict | None = None) -> tuple[int, int]:
+def count_tool_calls(completion: Completion, stats: dict | None = None) -> tuple[int, int]:
     """(tool calls, failed tool calls) of one sample: from the rollout's counters when given, else its messages.
 
     From messages, a call is a `<tool_call>` block (well-formed or not) and a failure is a tool message starting
     with "Error:" (the env host's spelling of a failed call).
     """
-    if trajectory is not None:
-        return trajectory["num_tool_calls"], trajectory["num_tool_errors"]
+    if stats is not None:
+        return stats["num_tool_calls"], stats["num_tool_errors"]
     messages = messages_of(completion)
     calls = 0
     for m in messages:
@@ -75,9 +76,9 @@ def _per_sample(kwargs: dict[str, Any], key: str, n: int) -> list[Any]:
     return list(values) if values is not None else [None] * n
 
 
-def tool_success(completions: list[Completion], trajectories: list[dict] | None = None, **kwargs: Any) -> list:
+def tool_success(completions: list[Completion], episode_stats: list[dict] | None = None, **kwargs: Any) -> list:
     """Fraction of the sample's tool calls that succeeded; None (does not apply) for a sample without tool calls."""
-    trajs = trajectories if trajectories is not None else [None] * len(completions)
+    trajs = episode_stats if episode_stats is not None else [None] * len(completions)
     out: list[float | None] = []
     for completion, traj in zip(completions, trajs, strict=True):
         calls, errors = count_tool_calls(completion, traj)
@@ -96,8 +97,8 @@ def efficiency_reward(token_budget: int = 1024, tool_call_budget: int = 4) -> Ca
 
     def efficiency(completions: list[Completion], **kwargs: Any) -> list[float]:
         n = len(completions)
-        trajs = _per_sample(kwargs, "trajectories", n)
-        ids = _per_sample(kwargs, "completion_ids", n)  # TRL passes token ids; our rollouts pass trajectories
+        trajs = _per_sample(kwargs, "episode_stats", n)
+        ids = _per_sample(kwargs, "completion_ids", n)  # TRL passes token ids; our rollouts pass episode_stats
         out = []
         for completion, traj, token_ids in zip(completions, trajs, ids, strict=True):
             if traj is not None:
@@ -105,7 +106,7 @@ def efficiency_reward(token_budget: int = 1024, tool_call_budget: int = 4) -> Ca
             elif token_ids is not None:
                 tokens = len(token_ids)
             else:
-                raise ValueError("efficiency needs token counts: pass `trajectories` or `completion_ids`")
+                raise ValueError("efficiency needs token counts: pass `episode_stats` or `completion_ids`")
             calls, _ = count_tool_calls(completion, traj)
             out.append(1.0 - 0.5 * min(1.0, tokens / token_budget) - 0.5 * min(1.0, calls / tool_call_budget))
         return out

@@ -1,7 +1,7 @@
 """Measures: per-sample checks that say whether a trajectory did something, and why not.
 
 A measure is `fn(completion, **sample) -> (passed: bool, reason: str)`, where `sample` holds this sample's value
-of every dataset column plus `prompt`, `trajectory` and `env_reward` (the singular of the batch arguments). It is
+of every dataset column plus `prompt`, `stats` and `env_reward` (the singular of the batch arguments). It is
 easier to write and to test than a batch reward function, and the reason makes a failure readable:
 
     @measure_reward
@@ -26,7 +26,7 @@ from agentrl_ray.rewards.builtin import Completion, count_tool_calls, final_answ
 Measure = Callable[..., tuple[bool, str]]
 
 # Batch arguments whose per-sample value is passed to a measure under its singular name.
-_SINGULAR = {"prompts": "prompt", "trajectories": "trajectory", "env_rewards": "env_reward"}
+_SINGULAR = {"prompts": "prompt", "episode_stats": "stats", "env_rewards": "env_reward"}
 
 
 def split_samples(n: int, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -87,10 +87,10 @@ def no_malformed_tool_calls(completion: Completion, **sample: Any) -> tuple[bool
     return True, ""
 
 
-def ends_with_answer(completion: Completion, trajectory: dict | None = None, **sample: Any) -> tuple[bool, str]:
+def ends_with_answer(completion: Completion, stats: dict | None = None, **sample: Any) -> tuple[bool, str]:
     """The last assistant turn is a non-empty final answer (no tool call), not cut off by the token limit."""
-    if trajectory is not None and trajectory["finish_reason"] != "answer":
-        return False, f"episode ended by {trajectory['finish_reason']!r}, not by an answer"
+    if stats is not None and stats["finish_reason"] != "answer":
+        return False, f"episode ended by {stats['finish_reason']!r}, not by an answer"
     text = final_answer_text(completion)
     if text is None:
         return False, "the last assistant turn calls a tool instead of answering"
@@ -107,9 +107,9 @@ def answer_has_number(completion: Completion, **sample: Any) -> tuple[bool, str]
     return True, ""
 
 
-def tool_calls_succeeded(completion: Completion, trajectory: dict | None = None, **sample: Any) -> tuple[bool, str]:
+def tool_calls_succeeded(completion: Completion, stats: dict | None = None, **sample: Any) -> tuple[bool, str]:
     """No tool call of the episode failed (a sample without tool calls passes)."""
-    calls, errors = count_tool_calls(completion, trajectory)
+    calls, errors = count_tool_calls(completion, stats)
     return errors == 0, "" if errors == 0 else f"{errors} of {calls} tool calls failed"
 
 

@@ -50,8 +50,10 @@ class Episode:
     logprobs: list[float] = field(default_factory=list)
     messages: list[dict[str, str]] = field(default_factory=list)  # completion in TRL conversational format
     finish_reason: str = ""
-    num_tool_calls: int = 0  # turn-based environments: one per `step` call
-    num_tool_errors: int = 0
+    num_tool_calls: int = 0  # tool calls, well-formed or not
+    num_tool_errors: int = 0  # tool calls that failed (the observation is an error)
+    num_steps: int = 0  # turn-based environments: `step` calls
+    num_step_errors: int = 0  # `step` calls that failed (the episode then ends with "error")
 
     def __post_init__(self) -> None:
         self.roles = [TokenRole.PROMPT] * len(self.ids)
@@ -108,7 +110,7 @@ async def run_episodes(
                 ep.finish_reason = "length"
             elif turn_based:
                 # Even on the last turn: the environment scores every reply, the last one included.
-                ep.num_tool_calls += 1
+                ep.num_steps += 1
                 pending.append((ep, (ep.key, text)))
             else:
                 request = _tool_request(ep, text, last_turn)
@@ -155,7 +157,7 @@ def _after_step(ep: Episode, result, last_turn: bool, tokenizer, cfg: RolloutCon
         # The host ended the episode (the env's state is unknown after a failed step). The error text has no place
         # in the conversation, which must end with the assistant's turn, so it goes to the log.
         logger.warning("environment of %s: %s", ep.key, result.observation)
-        ep.num_tool_errors += 1
+        ep.num_step_errors += 1
         ep.finish_reason = "error"
         return
     if result.done:

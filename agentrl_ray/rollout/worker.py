@@ -107,7 +107,7 @@ class RolloutWorker:
                 self.reward_cfg.weights,
                 [e.messages for e in episodes],
                 columns,
-                trajectories=[self._episode_info(e) for e in episodes],
+                episode_stats=[self._episode_stats(e) for e in episodes],
                 env_rewards=env_rewards,
             )
             timings.reward_s += time.perf_counter() - t0
@@ -162,11 +162,13 @@ class RolloutWorker:
             )
         return list(ids)
 
-    def _episode_info(self, ep: Episode) -> dict[str, Any]:
+    def _episode_stats(self, ep: Episode) -> dict[str, Any]:
         return {
             "finish_reason": ep.finish_reason,
             "num_tool_calls": ep.num_tool_calls,
             "num_tool_errors": ep.num_tool_errors,
+            "num_steps": ep.num_steps,
+            "num_step_errors": ep.num_step_errors,
             "num_tokens": len(ep.ids) - ep.prompt_len,
         }
 
@@ -184,7 +186,8 @@ class RolloutWorker:
             prompt_len=ep.prompt_len,
             num_tool_calls=ep.num_tool_calls,
             num_tool_errors=ep.num_tool_errors,
-            completion_text=self.tokenizer.decode(ep.ids[ep.prompt_len :], skip_special_tokens=False),
+            num_steps=ep.num_steps,
+            num_step_errors=ep.num_step_errors,
         )
 
     # ---------------------------------------------------------------- weights (see sync.receiver)

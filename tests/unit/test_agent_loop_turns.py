@@ -87,7 +87,7 @@ def test_observations_become_user_turns_with_exact_tokens_and_roles(tok):
     assert ep.finish_reason == "done"
     assert [m["role"] for m in ep.messages] == ["assistant", "user", "assistant", "user", "assistant"]
     assert ep.messages[1]["content"] == "Tell me something." and ep.messages[-1]["content"] == "It is Lyon."
-    assert ep.num_tool_calls == 3 and ep.num_tool_errors == 0  # one `step` per assistant turn
+    assert ep.num_steps == 3 and ep.num_step_errors == 0 and ep.num_tool_calls == 0  # one `step` per turn
     assert reward == 2 / 3  # sum of the steps: 1/3 (greets) + 1/3 (anything goes) + 0 (Lyon is not Paris)
     after_obs = len(prompt) + len(sampled[0]) + len(obs[0][0])
     assert ep.logprobs[after_obs - 1] == 0.0 and ep.logprobs[after_obs] == -0.5
@@ -97,19 +97,19 @@ def test_budgets_end_turn_based_episodes(tok):
     turns = ["Hello there!<|im_end|>"]
     # The environment still wants a third turn: every turn was shown to it, the last one's reward counts.
     _, ep, reward = _run(tok, turns, RolloutConfig(max_turns=2, max_tokens_per_turn=64, max_total_tokens=400))
-    assert ep.finish_reason == "max_turns" and ep.num_tool_calls == 2
+    assert ep.finish_reason == "max_turns" and ep.num_steps == 2
     assert [m["role"] for m in ep.messages] == ["assistant", "user", "assistant"]
     assert reward == 2 / 3
     # A turn cut by the per-turn budget is never sent to the environment.
     _, ep, reward = _run(tok, turns, RolloutConfig(max_turns=2, max_tokens_per_turn=3, max_total_tokens=400))
-    assert ep.finish_reason == "length" and ep.num_tool_calls == 0 and ep.roles.count(TokenRole.ACTION) == 3
+    assert ep.finish_reason == "length" and ep.num_steps == 0 and ep.roles.count(TokenRole.ACTION) == 3
     assert reward is None  # no step ran: the environment has no reward to give
     # No room for the observation and one more token.
     n_prompt = len(tok.encode(PROMPT_TEXT, add_special_tokens=False))
     n_turn = len(tok.encode(turns[0], add_special_tokens=False))
     cfg = RolloutConfig(max_turns=3, max_tokens_per_turn=n_turn, max_total_tokens=n_prompt + n_turn + 5)
     _, ep, _ = _run(tok, turns, cfg)
-    assert ep.finish_reason == "length" and ep.num_tool_calls == 1 and ep.roles.count(TokenRole.ENV) == 0
+    assert ep.finish_reason == "length" and ep.num_steps == 1 and ep.roles.count(TokenRole.ENV) == 0
     assert [m["role"] for m in ep.messages] == ["assistant"]
 
 
@@ -124,5 +124,5 @@ def test_silent_observation_and_failing_step(tok):
     assert ep.roles.count(TokenRole.ENV) == 0 and ep.finish_reason == "max_turns" and reward == 0.75
     # A failing step ends the episode and counts as a tool error; the conversation still ends with the assistant.
     _, ep, reward = _run(tok, ["Hi.<|im_end|>"], cfg, path, {"fail": True})
-    assert ep.finish_reason == "error" and (ep.num_tool_calls, ep.num_tool_errors) == (1, 1)
+    assert ep.finish_reason == "error" and (ep.num_steps, ep.num_step_errors) == (1, 1)
     assert [m["role"] for m in ep.messages] == ["assistant"] and reward is None

@@ -45,11 +45,11 @@ def test_format_reward_gives_partial_credit():
 def test_format_reward_uses_finish_reason_when_given():
     (fmt,) = load_reward_functions(["format"])
     trajs = [{"finish_reason": "length", "num_tool_calls": 1, "num_tool_errors": 0, "num_tokens": 9}]
-    assert fmt([CLEAN], trajectories=trajs) == [0.5]
-    assert ends_with_answer(CLEAN, trajectory=trajs[0]) == (False, "episode ended by 'length', not by an answer")
+    assert fmt([CLEAN], episode_stats=trajs) == [0.5]
+    assert ends_with_answer(CLEAN, stats=trajs[0]) == (False, "episode ended by 'length', not by an answer")
 
 
-def test_count_tool_calls_from_messages_and_from_trajectory():
+def test_count_tool_calls_from_messages_and_from_episode_stats():
     assert count_tool_calls(CLEAN) == (1, 0)
     assert count_tool_calls(FAILED_TOOL) == (2, 1)
     assert count_tool_calls(MALFORMED) == (1, 1)
@@ -62,14 +62,14 @@ def test_tool_success_rate_and_abstention():
     assert totals == [0.0] and parts == [{"tool_success": 0.0, "tool_success/none": 1.0}]
 
 
-def test_efficiency_from_trajectories_or_completion_ids():
+def test_efficiency_from_episode_stats_or_completion_ids():
     eff = efficiency_reward(token_budget=100, tool_call_budget=4)
     trajs = [
         {"num_tokens": 0, "num_tool_calls": 0, "num_tool_errors": 0},
         {"num_tokens": 50, "num_tool_calls": 2, "num_tool_errors": 0},
         {"num_tokens": 400, "num_tool_calls": 9, "num_tool_errors": 0},
     ]
-    assert eff([NO_TOOLS] * 3, trajectories=trajs) == pytest.approx([1.0, 0.5, 0.0])
+    assert eff([NO_TOOLS] * 3, episode_stats=trajs) == pytest.approx([1.0, 0.5, 0.0])
     assert eff([CLEAN], completion_ids=[[1] * 25]) == pytest.approx([1 - 0.125 - 0.125])
     with pytest.raises(ValueError, match="needs token counts"):
         eff([CLEAN])
@@ -86,10 +86,10 @@ def test_env_reward_passes_through_and_none_or_nan_are_reported():
 
 
 def test_split_samples_singular_names_and_shared_values():
-    rows = split_samples(2, {"answer": ["1", "2"], "trajectories": [{"a": 1}, {"a": 2}], "trainer_state": "S"})
+    rows = split_samples(2, {"answer": ["1", "2"], "episode_stats": [{"a": 1}, {"a": 2}], "trainer_state": "S"})
     assert rows == [
-        {"answer": "1", "trajectory": {"a": 1}, "trainer_state": "S"},
-        {"answer": "2", "trajectory": {"a": 2}, "trainer_state": "S"},
+        {"answer": "1", "stats": {"a": 1}, "trainer_state": "S"},
+        {"answer": "2", "stats": {"a": 2}, "trainer_state": "S"},
     ]
 
 

@@ -65,13 +65,13 @@ def test_score_weights_parts_and_trl_call_convention():
     completions = [_episode("5"), _episode("6")]
     columns = {"prompt": ["p0", "p1"], "answer": ["5", "5"], "id": [0, 1]}
     totals, parts = score(
-        [answer_match, length_bonus], [1.0, 0.2], completions, columns, trajectories=[{}, {}], env_rewards=[None, 1.0]
+        [answer_match, length_bonus], [1.0, 0.2], completions, columns, episode_stats=[{}, {}], env_rewards=[None, 1.0]
     )
     assert totals == pytest.approx([1.0 + 0.2 * 1.5, 0.2 * 1.5])
     assert parts == [{"answer_match": 1.0, "length_bonus": 1.5}, {"answer_match": 0.0, "length_bonus": 1.5}]
     # As in TRL: prompts come as `prompts`, the `prompt` column is withheld, other columns and extras pass through.
     assert seen["prompts"] == ["p0", "p1"] and "prompt" not in seen
-    assert seen["id"] == [0, 1] and seen["env_rewards"] == [None, 1.0] and seen["trajectories"] == [{}, {}]
+    assert seen["id"] == [0, 1] and seen["env_rewards"] == [None, 1.0] and seen["episode_stats"] == [{}, {}]
 
 
 def test_score_failures_are_zero_and_reported(caplog):
