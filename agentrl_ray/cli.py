@@ -2,6 +2,7 @@
 
     agentrl-ray train [CONFIG.yaml] [section.key=value ...]    train (local Ray, or the cluster at RAY_ADDRESS)
     agentrl-ray config [CONFIG.yaml] [section.key=value ...]   print the resolved config and exit
+    agentrl-ray config --help                                  list every config key: type, default, description
     agentrl-ray build-model                                    build and cache the built-in default model
 
 Examples (CPU, default task):     agentrl-ray train examples/calculator/config.yaml
@@ -25,7 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentrl-ray", description="Ray-distributed GRPO + ECHO for tool-using agents")
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in (("train", "run training end to end"), ("config", "print the resolved config")):
-        s = sub.add_parser(name, help=help_text)
+        s = sub.add_parser(name, help=help_text, add_help=name != "config")
+        if name == "config":  # its --help lists every config key (config_help.py)
+            s.add_argument("-h", "--help", action="store_true", help="list every config key and exit")
         s.add_argument(
             "args",
             nargs="*",
@@ -54,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         from agentrl_ray.builtin_model import ensure_builtin_model
 
         print(ensure_builtin_model(size=args.size))
+        return 0
+    if args.command == "config" and args.help:
+        from agentrl_ray.config_help import render
+
+        print(render())
         return 0
     from agentrl_ray.config import ConfigError, load_config
 

@@ -26,179 +26,281 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    # "builtin:tiny" builds (once, then cached) the project's own small Qwen2-architecture chat model (0.44M
-    # parameters); "builtin:small" its ~25M-parameter variant for benchmarks. Anything else is a local Hugging Face
-    # model folder.
+    """The policy model (`model.*`)."""
+
     path: str = "builtin:tiny"
+    """builtin:tiny (the project's own 0.44M-parameter chat model, built once and cached), builtin:small (~25M, for
+    benchmarks), or a local Hugging Face model folder."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of the rollout engines' weights (and of the learner's on GPU; a CPU learner keeps float32 masters)."""
 
 
 @dataclass
 class DataConfig:
-    # "builtin:arithmetic" generates the default task; otherwise a .jsonl file, a `datasets.save_to_disk`
-    # folder, or a folder of parquet/json files loadable by `datasets.load_dataset`.
+    """Training and held-out prompts (`data.*`)."""
+
     train: str = "builtin:arithmetic"
+    """Training prompts: builtin:arithmetic, a .jsonl file, a datasets.save_to_disk folder, or parquet/json files."""
     eval: str = "builtin:arithmetic"
+    """Held-out prompts, in the same forms as data.train."""
     train_size: int = 4000
+    """Rows generated for builtin:arithmetic training data."""
     eval_size: int = 200
+    """Rows generated for builtin:arithmetic held-out data."""
     prompt_column: str = "prompt"
+    """The column holding the prompt (a string, or a list of chat messages)."""
     seed: int = 0
+    """Seed of the built-in data generator."""
 
 
 @dataclass
 class RolloutConfig:
+    """The rollout workers: one vLLM engine each (`rollout.*`)."""
+
     num_workers: int = 1
+    """Rollout workers (vLLM engines); each step's prompts are split over them."""
     group_size: int = 8
+    """Trajectories sampled per prompt (GRPO's group)."""
     prompts_per_step: int = 16
+    """Prompts per optimizer step."""
     max_turns: int = 3
+    """Assistant turns per episode."""
     max_tokens_per_turn: int = 48
+    """Tokens the policy may generate in one turn."""
     max_total_tokens: int = 320
+    """Token budget of a whole episode: prompt, turns and tool results."""
     temperature: float = 1.0
+    """Sampling temperature of training rollouts."""
     top_p: float = 1.0
-    # Held-out success is measured by sampling at this temperature (pass@1 of the policy as it is trained).
+    """Nucleus sampling threshold of training rollouts."""
     eval_temperature: float = 1.0
+    """Sampling temperature of held-out evaluation (pass@1 of the policy as it is trained; 0 = greedy)."""
     kv_cache_gib: float = 1.0
+    """KV-cache memory of a CPU engine, GiB (vLLM CPU would otherwise reserve most of RAM)."""
     max_num_seqs: int = 256
+    """Sequences an engine runs at once."""
     num_cpus_per_worker: float = 0.5
+    """Ray CPUs reserved per rollout worker."""
     num_gpus_per_worker: float = 0.0
+    """Ray GPUs per rollout worker; > 0 puts the engines on GPUs."""
     gpu_memory_utilization: float = 0.5
+    """Share of its GPU's memory a GPU engine may take."""
     enforce_eager: bool = True
-    # CPU threads of each engine; 0 = the node's cores shared among the engines (on-policy, rollout and learning
-    # alternate, so each phase may use the whole node; with sync.max_staleness=1 the engines share half of it,
-    # see profiles.default_threads).
+    """Run vLLM without CUDA graphs (required on CPU)."""
     num_threads: int = 0
+    """CPU threads of each engine; 0 = from the node's cores (see agentrl_ray/threads.py)."""
 
 
 @dataclass
 class EnvConfig:
-    # Import path "package.module:Class"; the class is the TRL-style environment (tools are its methods).
+    """The environment and its host actors (`env.*`)."""
+
     name: str = "agentrl_ray.envs.calculator:CalculatorEnv"
+    """Import path package.module:Class of the TRL-style environment (its public methods are the tools)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the environment's constructor."""
     num_actors: int = 1
+    """Env host actors; each holds the environments of many trajectories."""
     num_cpus_per_actor: float = 0.25
+    """Ray CPUs reserved per env host."""
     tool_timeout_s: float = 10.0
+    """Seconds a tool call or step may take before it becomes an error observation."""
 
 
 @dataclass
 class RewardConfig:
-    # Built-in names (see `agentrl_ray.rewards`) or import paths "package.module:function".
+    """Reward functions and their weights (`reward.*`)."""
+
     functions: list[str] = field(default_factory=lambda: ["answer_match"])
+    """Built-in names (answer_match, format, tool_success, efficiency, env_reward) or import paths pkg.mod:function."""
     weights: list[float] = field(default_factory=lambda: [1.0])
-    answer_column: str = "answer"
+    """One weight per reward function; the reward is their weighted sum."""
 
 
 @dataclass
 class AlgorithmConfig:
-    # Advantages: baseline "mean" (GRPO) or "rloo" (leave-one-out); scale by the group std, the batch std, or not
-    # at all ("none", Dr. GRPO).
+    """The GRPO-family policy loss and data shaping (`algorithm.*`; see agentrl_ray/algorithms.py)."""
+
     baseline: Literal["mean", "rloo"] = "mean"
+    """Advantage baseline: the group mean (GRPO) or leave-one-out (RLOO)."""
     advantage_scale: Literal["group", "batch", "none"] = "group"
-    # Policy loss: clipped ratio (PPO/GRPO), clip-higher (DAPO) through epsilon_high.
+    """Divide advantages by the group's reward std, the batch's, or not at all (Dr. GRPO)."""
     epsilon: float = 0.2
+    """Lower clip range of the PPO ratio."""
     epsilon_high: float = 0.2
+    """Upper clip range of the PPO ratio (clip-higher, DAPO)."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
+    """Importance ratio per token (GRPO) or per sequence (GSPO)."""
     num_iterations: int = 1
+    """Optimizer passes over each step's batch."""
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = (
         "token_mean"
     )
-    # Constant for seq_mean_token_sum_norm; 0 means rollout.max_total_tokens.
+    """How per-token policy losses are reduced to the step's loss."""
     loss_norm_constant: int = 0
-    # KL to the reference policy.
+    """The constant length of seq_mean_token_sum_norm; 0 = rollout.max_total_tokens."""
     beta: float = 0.0
+    """Weight of the KL penalty to the reference policy (0 = no reference model)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    # Truncated importance sampling on the learner/rollout mismatch: cap of learner/rollout ratio (0 = off).
+    """Estimator of the KL penalty."""
     tis_cap: float = 0.0
-    # Data shaping.
+    """Truncated importance sampling: cap of the learner/rollout probability ratio (0 = off)."""
     dynamic_sampling: Literal["off", "drop", "resample"] = "off"
+    """Groups whose rewards are all equal: keep them, drop them, or drop and refill (DAPO)."""
     max_resample_rounds: int = 3
+    """Refill rounds per step with dynamic_sampling=resample."""
     mask_truncated: bool = False
+    """Leave trajectories cut by the token budget out of the policy loss (DAPO overlong filtering)."""
     overlong_penalty_tokens: int = 0
+    """Soft overlong penalty: length of the ramp before rollout.max_total_tokens (0 = off)."""
     overlong_penalty_factor: float = 1.0
+    """Soft overlong penalty at the full budget."""
 
 
 @dataclass
 class EchoConfig:
+    """ECHO: the world-model loss on environment tokens (`echo.*`; see docs/echo.md)."""
+
     coeff: float = 0.0
+    """Lambda: weight of the cross-entropy on environment (tool-output) tokens; 0 = plain GRPO."""
     schedule: Literal["constant", "linear", "step"] = "constant"
+    """How lambda changes over steps: constant, linear to final_coeff, or one drop to it."""
     final_coeff: float = 0.0
+    """Lambda after echo.decay_steps (linear and step schedules)."""
     decay_steps: int = 0
+    """Steps of the linear decay, or the step of the drop."""
     normalization: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    """Reduction of the environment-token loss, named as algorithm.loss_aggregation's modes."""
     only: bool = False
+    """Train on the ECHO loss alone (rewards are ignored)."""
 
 
 @dataclass
 class LoraConfig:
+    """LoRA adapters for the learner (`learner.lora.*`)."""
+
     enabled: bool = False
+    """Train LoRA adapters instead of every weight (only the adapter is synced)."""
     r: int = 16
+    """Rank of the adapters."""
     alpha: int = 32
+    """LoRA alpha (the update is scaled by alpha / r)."""
     dropout: float = 0.0
+    """Dropout on the adapters' input."""
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
+    """Names of the linear layers that get adapters."""
 
 
 @dataclass
 class LearnerConfig:
+    """The Ray Train learner (`learner.*`)."""
+
     backend: Literal["ddp", "deepspeed"] = "ddp"
+    """Plain DDP (gloo on CPU, NCCL on GPU) or DeepSpeed ZeRO."""
     zero_stage: int = 2
+    """DeepSpeed ZeRO stage (0-3)."""
     num_workers: int = 1
+    """Learner ranks (Ray Train workers)."""
     use_gpu: bool = False
+    """Train on GPUs, one per rank."""
     num_cpus_per_worker: float = 1.0
+    """Ray CPUs reserved per learner rank."""
     lr: float = 1e-4
+    """Peak learning rate of AdamW."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    """AdamW betas."""
     warmup_steps: int = 0
+    """Steps of linear learning-rate warm-up."""
     max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
     micro_batch_size: int = 32
-    torch_threads: int = 0  # 0 = every core of the node, shared by its learner workers (profiles.default_threads)
-    # Mixed precision for the DDP learner (CPU or GPU): bfloat16 autocast, float32 weights and optimizer (like
-    # TRL's bf16=True). ~2.6x faster on a 25M model on an AMX CPU (docs/benchmarks.md). DeepSpeed uses its own.
+    """Sequences per forward/backward on one rank."""
+    torch_threads: int = 0
+    """CPU threads of each learner rank; 0 = the node's cores shared by its ranks (see agentrl_ray/threads.py)."""
     bf16: bool = False
+    """DDP learner: bfloat16 autocast with float32 weights and optimizer (DeepSpeed uses its own settings)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters."""
 
 
 @dataclass
 class SyncConfig:
+    """Weight sync from the learner to the rollout engines after every step (`sync.*`)."""
+
     transport: Literal["object_store", "collective"] = "object_store"
-    # 0: on-policy, every step samples with the newest weights. 1: step t+1's rollout runs while the learner trains
-    # on step t (one version behind; the PPO ratio against the sampling logprobs corrects for it).
+    """Ray's object store, or a gloo/NCCL broadcast group between learner rank 0 and the engines."""
     max_staleness: int = 0
-    # Collective transport: tensors travel in buckets of at most this many MiB (the extra memory on either end).
+    """0: on-policy; 1: step t+1 is sampled while step t trains (one version behind)."""
     bucket_mb: int = 256
+    """Collective transport: MiB per broadcast bucket (the extra memory on either end)."""
 
 
 @dataclass
 class RunConfig:
+    """The run: steps, outputs, evaluation, checkpoints (`run.*`)."""
+
     name: str = "calculator"
+    """Name of the run: its folder under run.output_dir."""
     output_dir: str = "runs"
+    """Folder that holds the runs (relative to where the command runs)."""
     steps: int = 30
+    """Optimizer steps."""
     seed: int = 0
+    """Seed of prompt order, sampling and initialization."""
     checkpoint_every: int = 10
+    """Checkpoint every N steps (0 = only at the end)."""
     keep_checkpoints: int = 2
+    """Checkpoints kept (0 = all)."""
     resume: bool = False
+    """Continue the run of this name from its last checkpoint."""
     eval_every: int = 10
+    """Held-out evaluation every N steps (0 = only at the end)."""
     eval_at_start: bool = True
-    eval_samples: int = 2  # samples per held-out prompt
-    success_threshold: float = 1.0  # a trajectory succeeds when its reward reaches this
+    """Evaluate before the first step."""
+    eval_samples: int = 2
+    """Samples per held-out prompt."""
+    success_threshold: float = 1.0
+    """A trajectory succeeds when its reward reaches this."""
     wandb: bool = False
+    """Log metrics to Weights & Biases."""
     wandb_mode: Literal["online", "offline"] = "offline"
+    """Weights & Biases mode."""
     wandb_project: str = "agentrl_ray"
+    """Weights & Biases project."""
     plot: bool = True
+    """Write reward_curve.png at the end."""
 
 
 @dataclass
 class Config:
+    """A whole run: one section per role."""
+
     profile: Literal["auto", "cpu", "lora", "gpu"] = "auto"
+    """Hardware preset under the YAML and overrides; auto picks gpu when CUDA devices are visible, else cpu."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
     data: DataConfig = field(default_factory=DataConfig)
+    """Prompts."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Rollout engines and sampling."""
     env: EnvConfig = field(default_factory=EnvConfig)
+    """Environment."""
     reward: RewardConfig = field(default_factory=RewardConfig)
+    """Rewards."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Policy loss and data shaping."""
     echo: EchoConfig = field(default_factory=EchoConfig)
+    """The ECHO world-model loss."""
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    """The learner."""
     sync: SyncConfig = field(default_factory=SyncConfig)
+    """Weight sync."""
     run: RunConfig = field(default_factory=RunConfig)
+    """The run."""
 
     @property
     def run_dir(self) -> Path:
