@@ -99,7 +99,7 @@ def test_create_errors_propagate(host):
 def test_turn_based_env_through_the_actor(host):
     from agentrl_ray.envs.host import TurnResult
 
-    env = "agentrl_ray.envs.conversation:ActionTaskEnv"
+    env = "examples.task_actions.env:ActionTaskEnv"
     intro = ray.get(host.create.remote("task", env, {"max_steps": 3}, {"required_actions": ["a", "b"]}))
     assert intro.startswith("\nValid actions: a, b.")
     first = ray.get(host.call_turn.remote("task", "ACTION: a"))

@@ -50,5 +50,5 @@ def test_conversation_example_trains_two_steps(local_ray, builtin_model_path, tm
         assert r["rollout/mean_length"] > 0 and r["rollout/sampled_tokens"] > 0
         assert 0.0 <= r["reward/mean"] <= 1.0 and r.get("reward/env_reward/error", 0.0) == 0.0
     # Some assistant turn was handed to the environment's step, and some observation came back as a user turn.
-    assert sum(r["rollout/tool_calls_per_traj"] for r in records) > 0
+    assert sum(r["rollout/steps_per_traj"] for r in records) > 0
     assert sum(r["rollout/env_tokens"] for r in records) > 0

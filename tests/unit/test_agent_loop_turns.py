@@ -17,7 +17,7 @@ from agentrl_ray.envs.host import EnvHost
 from agentrl_ray.rollout.agent_loop import Episode, run_episodes
 from agentrl_ray.types import RolloutTimings, TokenRole
 
-SCRIPTED = "agentrl_ray.envs.conversation:ScriptedUserEnv"
+SCRIPTED = "examples.conversation.env:ScriptedUserEnv"
 # Three assistant turns: the first must greet, the second anything, the third must name Paris.
 ROW = {"expected": ["hello", None, "paris"], "user_turns": ["Tell me something.", "Capital of France?"]}
 PROMPT_TEXT = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"

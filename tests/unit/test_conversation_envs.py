@@ -6,11 +6,12 @@ import time
 import pytest
 
 from agentrl_ray.envs.base import tool_methods
-from agentrl_ray.envs.conversation import ActionTaskEnv, ScriptedUserEnv
 from agentrl_ray.envs.host import EnvHost, TurnResult
+from examples.conversation.env import ScriptedUserEnv
+from examples.task_actions.env import ActionTaskEnv
 
-SCRIPTED = "agentrl_ray.envs.conversation:ScriptedUserEnv"
-TASK = "agentrl_ray.envs.conversation:ActionTaskEnv"
+SCRIPTED = "examples.conversation.env:ScriptedUserEnv"
+TASK = "examples.task_actions.env:ActionTaskEnv"
 
 
 def test_turn_based_envs_expose_no_tools():
