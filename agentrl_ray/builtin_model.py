@@ -38,6 +38,8 @@ from typing import Any
 import torch
 
 from agentrl_ray.chat_format import END_OF_TURN, ToolCall, encode_segments, render_tool_call, tool_response_segments
+from agentrl_ray.envs.base import tool_schemas
+from agentrl_ray.envs.calculator import CalculatorEnv
 from agentrl_ray.tasks import arithmetic
 
 log = logging.getLogger(__name__)
@@ -150,9 +152,6 @@ RECIPES = {"tiny": RECIPE, "small": SMALL_RECIPE}
 
 def calculator_tools() -> list[dict[str, Any]]:
     """The tool schemas rollouts render for the default env: the model is warm-started on that very system prompt."""
-    from agentrl_ray.envs.base import tool_schemas
-    from agentrl_ray.envs.calculator import CalculatorEnv
-
     return tool_schemas(CalculatorEnv)
 
 

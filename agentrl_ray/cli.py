@@ -19,7 +19,8 @@ import json
 import logging
 import sys
 
-from agentrl_ray.config import BUILTIN_MODELS
+from agentrl_ray import config_help
+from agentrl_ray.config import BUILTIN_MODELS, ConfigError, load_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,12 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         print(ensure_builtin_model(size=args.size))
         return 0
     if args.command == "config" and args.help:
-        from agentrl_ray.config_help import render
-
-        print(render())
+        print(config_help.render())
         return 0
-    from agentrl_ray.config import ConfigError, load_config
-
     path, overrides = _split(args.args)
     try:
         cfg = load_config(path, overrides)

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import yaml
 
+from agentrl_ray.profiles import profile_preset, resolve_profile
+
 BUILTIN_MODELS = ("tiny", "small")  # the sizes of builtin_model.RECIPES
 
 
@@ -422,8 +424,6 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """YAML file + dotted overrides → validated Config, with the profile preset applied underneath."""
-    from agentrl_ray.profiles import profile_preset, resolve_profile
-
     user = load_yaml(path) if path is not None else {}
     user = deep_merge(user, parse_overrides(overrides or []))
     requested = user.get("profile", "auto")

@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_ray.config import ConfigError, DataConfig
+from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
 
 def load_rows(spec: str, cfg: DataConfig, *, split: str, size: int) -> list[dict[str, Any]]:
     if spec == "builtin:arithmetic":
-        from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
-
         rows = make_arithmetic_rows(size, cfg.seed, split)
     else:
         rows = _load_file_or_dataset(spec, split)[:size]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_ray.config import Config, ConfigError
+from agentrl_ray.data import load_rows
 from agentrl_ray.threads import ThreadPolicy
 
 log = logging.getLogger("agentrl_ray")
@@ -76,8 +77,6 @@ def init_ray(cfg: Config, threads: ThreadPolicy) -> None:
 
 def train(cfg: Config) -> dict[str, Any]:
     """Run training end to end; returns the last reported metrics."""
-    from agentrl_ray.data import load_rows
-
     check_run_dir(cfg)
     model_path = resolve_model(cfg.model.path)
     train_rows = load_rows(cfg.data.train, cfg.data, split="train", size=cfg.data.train_size)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from agentrl_ray.config import LearnerConfig, ModelConfig
+from agentrl_ray.sync.packing import load_safetensors_folder
 
 TRAINER_STATE = "trainer_state.pt"
 # DeepSpeed keeps a file named "latest" that names the tag folder: the tag must be another name.
@@ -20,7 +21,7 @@ DEEPSPEED_TAG = "state"
 
 
 def lora_tensors(peft_model) -> list[tuple[str, torch.Tensor]]:
-    """The adapter's A/B tensors, named after the base weight they modify (what RolloutWorker.load_lora merges)."""
+    """The adapter's A/B tensors, named after the base weight they modify (what sync.receiver merges)."""
     out = []
     for name, p in peft_model.named_parameters():
         if "lora_A" in name or "lora_B" in name:
@@ -186,11 +187,7 @@ class Policy:
 
             set_peft_model_state_dict(self.module, load_file(str(path / "adapter" / "adapter_model.safetensors")))
         else:
-            from safetensors.torch import load_file
-
-            weights = {}
-            for f in sorted((path / "model").glob("*.safetensors")):
-                weights.update(load_file(str(f)))
+            weights = load_safetensors_folder(path / "model")
             missing, unexpected = self.module.load_state_dict(weights, strict=False)
             if unexpected or [m for m in missing if m != "lm_head.weight"]:
                 raise RuntimeError(
