@@ -375,7 +375,7 @@ def _lease_slot() -> tuple[int, int]:
 
 def _kill_uid(uid: int, patience_s: float = 2.0) -> None:
     """SIGKILL every live process of `uid`, again until none is left (one may fork while we look). Zombies are
-    dead already. The /proc scan costs ~1.5 ms at 75 processes and 5-20 ms at 600: it runs once per run."""
+    dead already. The /proc scan is cheap next to a run and runs once per run (numbers in docs/sandbox.md)."""
     if uid < SANDBOX_UID_BASE:  # never a real user's processes, let alone root's
         raise ValueError(f"refusing to kill the processes of uid {uid}: not a sandbox uid")
     give_up = time.monotonic() + patience_s

@@ -2,7 +2,8 @@
 
 Tokens in, tokens out: prompts go in as token ids and come back as sampled token ids with the logprob of each
 sampled token, so the learner trains on exactly what was sampled. Weights are updated in place through vLLM's
-`reload_weights` with Hugging Face parameter names (the path that works on CPU as well as GPU, see FACTS.md).
+`reload_weights` with Hugging Face parameter names: the path that works on CPU as well as GPU (calling the model's
+`load_weights` directly fails on CPU, whose kernels repack the weights after loading).
 
 vLLM's engine settings are process-wide environment variables, read at `import vllm`: `vllm_env` gives them, and the
 rollout pool starts each worker's process with them.
