@@ -109,3 +109,40 @@ def test_object_store_receiver_merges_lora_into_its_base(tmp_path):
     assert asyncio.run(receive()) == 7 and receiver.version == 7
     assert torch.allclose(loaded["layer.weight"], w0 + 0.5 * b @ a)
     assert torch.equal(loaded["lm_head.weight"], torch.ones(2, 2))  # tied embeddings: the reload expects both
+
+
+def test_collective_streams_bucket_by_bucket():
+    """Rank 0 and a receiver in two threads of this process over a real gloo group: the receiver gets every tensor
+    exactly and in order, over one broadcast per bucket of bounded size and one dtype."""
+    import threading
+
+    from agentrl_ray.sync.collective import CollectiveGroup, free_port
+
+    g = torch.Generator().manual_seed(0)
+    named = [
+        ("a", torch.randn(4, 5, generator=g)),
+        ("b", torch.randn(7, generator=g)),
+        ("c", torch.randn(3, 3, generator=g).to(torch.bfloat16)),
+        ("d", torch.randn(40, generator=g)),
+    ]
+    meta = [TensorMeta(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in named]
+    update = WeightUpdate(3, "full", meta, buckets=plan_buckets(meta, max_bytes=120))
+    assert update.buckets == [2, 1, 1]  # a + b = 108 bytes; c another dtype; d 160 bytes alone
+    backend, port = CollectiveBackend("gloo", "cpu"), free_port()
+    received, broadcasts_seen = {}, []
+
+    def receiver():
+        group = CollectiveGroup("127.0.0.1", port, 2, 1, backend)
+        stream = group.receive(update)
+        for name, tensor in stream:
+            received[name] = tensor.clone()
+            broadcasts_seen.append(name)
+
+    thread = threading.Thread(target=receiver)
+    thread.start()
+    CollectiveGroup("127.0.0.1", port, 2, 0, backend).send(named, update)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert broadcasts_seen == ["a", "b", "c", "d"]
+    for name, tensor in named:
+        assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor)
