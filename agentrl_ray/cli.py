@@ -3,6 +3,7 @@
     agentrl-ray train [CONFIG.yaml] [section.key=value ...]    train (local Ray, or the cluster at RAY_ADDRESS)
     agentrl-ray config [CONFIG.yaml] [section.key=value ...]   print the resolved config and exit
     agentrl-ray config --help                                  list every config key: type, default, description
+    agentrl-ray plan [CONFIG.yaml] [overrides] [--nodes JSON]  print the placement plan (which actor on which node)
     agentrl-ray build-model                                    build and cache the built-in default model
 
 Examples (CPU, default task):     agentrl-ray train examples/calculator/config.yaml
@@ -36,6 +37,10 @@ def _parser() -> argparse.ArgumentParser:
             metavar="CONFIG.yaml | key=value",
             help="an optional YAML config file, then dotted overrides such as learner.lr=1e-5",
         )
+    plan = sub.add_parser("plan", help="print the placement plan for the cluster (or --nodes) without training")
+    plan.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value")
+    plan.add_argument("--nodes", help='a cluster to plan for: JSON such as \'[{"count": 4, "CPU": 96, "GPU": 8}]\'')
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     build = sub.add_parser("build-model", help="build and cache a built-in model (default: the tiny default model)")
     build.add_argument("--size", default="tiny", choices=BUILTIN_MODELS, help="small: ~25M parameters")
     return p
@@ -52,7 +57,12 @@ def _split(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "plan":  # overrides written after --nodes
+        args.args += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.command == "build-model":
         from agentrl_ray.builtin_model import ensure_builtin_model
@@ -70,6 +80,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "config":
         print(json.dumps(cfg.to_dict(), indent=2))
+        return 0
+    if args.command == "plan":
+        from agentrl_ray.plan_cmd import show
+
+        try:
+            show(cfg, args.nodes, args.json)
+        except ConfigError as exc:  # PlacementError included: the cluster cannot hold the plan
+            print(f"agentrl-ray: {exc}", file=sys.stderr)
+            return 2
         return 0
     from agentrl_ray.driver import train
 

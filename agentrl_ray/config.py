@@ -32,7 +32,8 @@ class ModelConfig:
 
     path: str = "builtin:tiny"
     """builtin:tiny (the project's own 0.44M-parameter chat model, built once and cached), builtin:small (~25M, for
-    benchmarks), or a local Hugging Face model folder."""
+    benchmarks), a local Hugging Face model folder, or a Hub id (org/name[@revision], resolved through the Hugging
+    Face cache to one commit for every node, see hub.py)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Dtype of the rollout engines' weights (and of the learner's on GPU; a CPU learner keeps float32 masters)."""
 
@@ -83,10 +84,19 @@ class RolloutConfig:
     """Sequences an engine runs at once."""
     num_cpus_per_worker: float = 0.5
     """Ray CPUs reserved per rollout worker."""
-    num_gpus_per_worker: float = 0.0
-    """Ray GPUs per rollout worker; > 0 puts the engines on GPUs."""
-    gpu_memory_utilization: float = 0.5
-    """Share of its GPU's memory a GPU engine may take."""
+    use_gpu: bool = False
+    """Engines run on CUDA; how many GPUs each one gets is the placement plan's (`placement.py`)."""
+    tensor_parallel_size: int = 1
+    """GPUs per engine (vLLM tensor parallelism), all on one node."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources every engine asks for (e.g. {"rollout_node": 1}) to pin engines to labelled nodes."""
+    gpu_memory_utilization: float = 0.0
+    """Fraction of a GPU's memory vLLM may take (weights + KV cache); 0 = from the placement mode (0.85 on a GPU
+    of its own, 0.35 on a GPU shared with a learner rank)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks across the samples of a group and the turns of an episode."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra vLLM engine arguments we do not wrap (names of vLLM's EngineArgs, checked when the engine starts)."""
     enforce_eager: bool = True
     """Run vLLM without CUDA graphs (required on CPU)."""
     num_threads: int = 0
@@ -107,6 +117,8 @@ class EnvConfig:
     """Ray CPUs reserved per env host."""
     tool_timeout_s: float = 10.0
     """Seconds a tool call or step may take before it becomes an error observation."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources every env host asks for (pins env hosts to labelled nodes)."""
 
 
 @dataclass
@@ -209,6 +221,8 @@ class LearnerConfig:
     """Train on GPUs, one per rank."""
     num_cpus_per_worker: float = 1.0
     """Ray CPUs reserved per learner rank."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources every learner rank asks for (pins the ranks to labelled nodes)."""
     lr: float = 1e-4
     """Peak learning rate of AdamW."""
     weight_decay: float = 0.0
@@ -242,13 +256,28 @@ class SyncConfig:
 
 
 @dataclass
+class PlacementConfig:
+    """Where engines, env hosts and learner ranks run (`placement.*`, see placement.py)."""
+
+    mode: Literal["auto", "separate", "colocated"] = "auto"
+    """separate: engines and learner ranks on different GPUs; colocated: each GPU holds an engine and a learner
+    rank (fractional Ray GPUs), so one GPU works; auto: separate with >= 2 GPUs in the cluster, else colocated."""
+    timeout_s: float = 120.0
+    """Seconds to wait for Ray to reserve the plan's placement groups before failing (never a silent hang)."""
+
+
+@dataclass
 class RunConfig:
     """The run: steps, outputs, evaluation, checkpoints (`run.*`)."""
 
     name: str = "calculator"
     """Name of the run: its folder under run.output_dir."""
     output_dir: str = "runs"
-    """Folder that holds the runs (relative to where the command runs)."""
+    """Driver-side folder of the run's metrics, plots, config and summary: output_dir/name. Relative paths resolve
+    against the working directory, or inside a submitted Ray job against $AGENTRL_HOME (default: the home folder)."""
+    storage_path: str = ""
+    """Where checkpoints live (Ray Train storage): a local path, a shared filesystem, or s3:// / gs://.
+    Empty: output_dir. Several nodes need a path every node sees (shared FS or a cloud URI)."""
     steps: int = 30
     """Optimizer steps."""
     seed: int = 0
@@ -301,6 +330,8 @@ class Config:
     """The learner."""
     sync: SyncConfig = field(default_factory=SyncConfig)
     """Weight sync."""
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """Where each engine, env host and learner rank runs."""
     run: RunConfig = field(default_factory=RunConfig)
     """The run."""
 
@@ -432,8 +463,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     merged = deep_merge(profile_preset(profile), {**user, "profile": profile})
     cfg = _build(Config, merged)
     validate(cfg)
-    # Relative to where the command runs: Ray Train workers run in another working directory.
-    cfg.run.output_dir = str(Path(cfg.run.output_dir).expanduser().resolve())
+    # Relative to where the command runs (Ray Train workers run in another working directory), or to a stable
+    # folder inside a submitted Ray job's temporary working dir (storage.py).
+    from agentrl_ray.storage import resolve_path
+
+    cfg.run.output_dir = resolve_path(cfg.run.output_dir)
+    cfg.run.storage_path = resolve_path(cfg.run.storage_path)
     return cfg
 
 
@@ -451,7 +486,24 @@ def validate(cfg: Config) -> None:
             f"model.path {cfg.model.path!r}: the built-in models are "
             + ", ".join(f"builtin:{m}" for m in BUILTIN_MODELS),
         )
-    need(r.num_workers >= 1, "rollout.num_workers must be at least 1")
+    need(r.num_workers >= 0, "rollout.num_workers must be >= 0 (0 = sized from the cluster's GPUs)")
+    need(r.tensor_parallel_size >= 1, "rollout.tensor_parallel_size must be at least 1")
+    need(
+        r.use_gpu or r.tensor_parallel_size == 1,
+        "rollout.tensor_parallel_size > 1 needs rollout.use_gpu=true (tensor parallelism splits an engine over GPUs)",
+    )
+    need(0 <= r.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization must be in [0, 1] (0 = from placement)")
+    need(cfg.placement.timeout_s > 0, "placement.timeout_s must be > 0")
+    for section, res in (("rollout", r.resources), ("env", cfg.env.resources), ("learner", lr.resources)):
+        need(
+            not ({"CPU", "GPU", "memory"} & set(res)),
+            f"{section}.resources holds custom resources only: set CPUs/GPUs with their own keys, got {sorted(res)}",
+        )
+        need(all(v >= 0 for v in res.values()), f"{section}.resources: amounts must be >= 0")
+    need(
+        cfg.model.path.startswith("builtin:") or "://" not in cfg.model.path,
+        f"model.path {cfg.model.path!r}: a local folder or a Hugging Face Hub id, not a URL",
+    )
     need(r.group_size >= 2, "rollout.group_size must be at least 2: GRPO normalizes rewards within a group")
     need(r.prompts_per_step >= 1, "rollout.prompts_per_step must be at least 1")
     need(r.max_turns >= 1, "rollout.max_turns must be at least 1")
@@ -465,7 +517,7 @@ def validate(cfg: Config) -> None:
     need(r.eval_temperature >= 0, "rollout.eval_temperature must be >= 0 (0 = greedy)")
     need(0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]")
     need(r.kv_cache_gib > 0, "rollout.kv_cache_gib must be > 0")
-    need(cfg.env.num_actors >= 1, "env.num_actors must be at least 1")
+    need(cfg.env.num_actors >= 0, "env.num_actors must be >= 0 (0 = one env host per engine)")
     need(cfg.env.tool_timeout_s > 0, "env.tool_timeout_s must be > 0")
     need(":" in cfg.env.name, f"env.name {cfg.env.name!r} must be an import path 'package.module:Class'")
     need(
@@ -484,7 +536,7 @@ def validate(cfg: Config) -> None:
         e.schedule == "constant" or e.decay_steps > 0,
         "echo.schedule linear/step needs echo.decay_steps > 0",
     )
-    need(lr.num_workers >= 1, "learner.num_workers must be at least 1")
+    need(lr.num_workers >= 0, "learner.num_workers must be >= 0 (0 = sized from the cluster's GPUs)")
     need(lr.lr > 0, "learner.lr must be > 0")
     need(len(lr.betas) == 2, "learner.betas must hold two numbers")
     need(lr.micro_batch_size >= 1, "learner.micro_batch_size must be at least 1")
@@ -507,6 +559,11 @@ def validate(cfg: Config) -> None:
         "(adapter-only payload)",
     )
     need(s.bucket_mb >= 1, "sync.bucket_mb must be at least 1")
+    need(
+        "://" not in cfg.run.output_dir,
+        f"run.output_dir {cfg.run.output_dir!r} must be a local folder (metrics and plots are written on the driver); "
+        "put checkpoints in the cloud with run.storage_path=s3://... or gs://...",
+    )
     need(cfg.run.steps >= 1, "run.steps must be at least 1")
     need(cfg.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0 (0 = only at the end)")
     need(cfg.run.eval_every >= 0, "run.eval_every must be >= 0 (0 = only at the end)")

@@ -28,18 +28,25 @@ def resolve_model(path: str) -> str:
         from agentrl_ray.builtin_model import ensure_builtin_model
 
         return str(ensure_builtin_model(size=path.removeprefix("builtin:")))
+    from agentrl_ray import hub
+
+    if hub.is_hub_id(path):  # one commit's snapshot in the Hugging Face cache, the same for every node
+        return hub.resolve(path).path
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
         raise ConfigError(
             f"model.path {path!r} is not a Hugging Face model folder (no config.json); "
-            "use builtin:tiny, builtin:small or a local folder made by save_pretrained"
+            "use builtin:tiny, builtin:small, a local folder made by save_pretrained, or a Hub id such as "
+            "Qwen/Qwen2.5-0.5B-Instruct"
         )
     return str(folder.resolve())
 
 
 def check_run_dir(cfg: Config) -> None:
     """Never silently overwrite or silently restart a run: resume must be asked for, and possible."""
-    has_checkpoint = (cfg.run_dir / SNAPSHOT).exists()
+    from agentrl_ray.storage import checkpoint_root, exists
+
+    has_checkpoint = exists(checkpoint_root(cfg.run.output_dir, cfg.run.storage_path), f"{cfg.run.name}/{SNAPSHOT}")
     if has_checkpoint and not cfg.run.resume:
         raise ConfigError(
             f"{cfg.run_dir} already holds checkpoints of a run named {cfg.run.name!r}: pass "
@@ -62,17 +69,25 @@ def init_ray(cfg: Config, threads: ThreadPolicy) -> None:
     else:
         # The dashboard also serves the state API that Ray Train's controller polls.
         ray.init(runtime_env={"env_vars": env_vars})
-    need = (
-        cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker
-        + cfg.env.num_actors * cfg.env.num_cpus_per_actor
-        + cfg.learner.num_workers * cfg.learner.num_cpus_per_worker
-    )
-    have = ray.cluster_resources().get("CPU", 0)
-    if need > have:
-        raise ConfigError(
-            f"the config asks for {need:g} CPUs (rollout + env + learner actors) but the Ray cluster "
-            f"has {have:g}: lower rollout.num_cpus_per_worker / learner.num_cpus_per_worker or add nodes"
-        )
+
+
+def place(cfg: Config, model_path: str):
+    """Plan from the cluster's nodes (never this machine's), resolve the config's counts from it, check that every
+    node sees the storage and the model, and reserve it. Returns (plan, reserved plan, checkpoint storage path)."""
+    from agentrl_ray import hub
+    from agentrl_ray.cluster import apply_plan, check_shared_storage, ensure_model_on_nodes, plan_for_cluster, reserve
+    from agentrl_ray.storage import checkpoint_root
+
+    plan = plan_for_cluster(cfg)  # a plan the cluster cannot hold fails here, saying what is missing
+    apply_plan(cfg, plan)
+    log.info("%s", plan.describe())
+    (cfg.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    (cfg.run_dir / "placement.json").write_text(json.dumps(plan.to_dict(), indent=2))
+    storage = checkpoint_root(cfg.run.output_dir, cfg.run.storage_path)
+    check_shared_storage(storage, plan)
+    if hub.is_hub_id(cfg.model.path):
+        ensure_model_on_nodes(cfg.model.path.partition("@")[0], model_path, plan)
+    return plan, reserve(plan, cfg.placement.timeout_s, name=f"agentrl-{cfg.run.name}-rollout"), storage
 
 
 def train(cfg: Config) -> dict[str, Any]:
@@ -82,17 +97,25 @@ def train(cfg: Config) -> dict[str, Any]:
     train_rows = load_rows(cfg.data.train, cfg.data, split="train", size=cfg.data.train_size)
     eval_rows = load_rows(cfg.data.eval, cfg.data, split="eval", size=cfg.data.eval_size)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    (cfg.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    threads = ThreadPolicy.of(cfg)  # the CPU/overlap policy of every actor, decided once
-    init_ray(cfg, threads)
+    # The actors' environment depends only on overlap and the learner's device, known before the plan.
+    init_ray(cfg, ThreadPolicy.of(cfg))
 
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from agentrl_ray.cluster import learner_scaling
     from agentrl_ray.learner.loop import train_loop_per_worker
+    from agentrl_ray.outputs import plot_curves, start_driver_log
     from agentrl_ray.rollout.pool import RolloutPool
 
-    pool = RolloutPool.create(cfg, model_path, threads)
+    plan, placed, storage = place(cfg, model_path)
+    threads = ThreadPolicy.of(cfg)  # the CPU/overlap policy of every actor, with the plan's counts
+    try:
+        pool = RolloutPool.create(cfg, model_path, threads, placed)
+    except BaseException:
+        placed.release()
+        raise
+    metrics_log = start_driver_log(cfg.run_dir, cfg.run, cfg.to_dict(), cfg.run.steps)
     try:
         lc = cfg.learner
         trainer = TorchTrainer(
@@ -104,22 +127,23 @@ def train(cfg: Config) -> dict[str, Any]:
                 "threads": threads,
                 "train_rows": train_rows,
                 "eval_rows": eval_rows,
+                "log": metrics_log,
             },
             torch_config=TorchConfig(backend="nccl" if lc.use_gpu else "gloo"),
-            scaling_config=ray.train.ScalingConfig(
-                num_workers=lc.num_workers,
-                use_gpu=lc.use_gpu,
-                resources_per_worker={"CPU": lc.num_cpus_per_worker, **({"GPU": 1} if lc.use_gpu else {})},
-            ),
+            scaling_config=learner_scaling(plan, lc.use_gpu),
             run_config=ray.train.RunConfig(
                 name=cfg.run.name,
-                storage_path=str(cfg.run_dir.parent),
+                storage_path=storage,
                 checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints or None),
             ),
         )
         result = trainer.fit()
     finally:
         pool.shutdown()
+        placed.release()
+        ray.kill(metrics_log.actor)
+    if cfg.run.plot and (cfg.run_dir / "metrics.jsonl").exists():
+        plot_curves(cfg.run_dir / "metrics.jsonl", cfg.run_dir / "reward_curve.png")
     if result.error is not None:
         raise result.error
     metrics = dict(result.metrics or {})

@@ -1,4 +1,8 @@
-"""Run outputs on learner rank 0: a live line per step, metrics.jsonl, optional wandb, and the reward-curve PNG."""
+"""Run outputs: a live line per step, metrics.jsonl, optional wandb, and the reward-curve PNG.
+
+All of them are written on the driver's node, in the folder the user looks in (`storage.py`): `MetricsLog` runs as
+a small actor pinned there (`start_driver_log`), learner rank 0 sends it each step's record through `LogClient`
+wherever rank 0 runs, and the driver draws the plot when training ends."""
 
 from __future__ import annotations
 
@@ -46,19 +50,63 @@ class MetricsLog:
             self.wandb.log(metrics, step=step)
 
     def print_step(self, step: int, m: dict[str, Any]) -> None:
-        line = (
-            f"step {step:>4}/{self.total_steps} | reward {m['reward/mean']:.3f} | success {m['rollout/success']:.2f} "
-            f"| tokens {m['rollout/sampled_tokens']:>6} | time {m['time/step_s']:.1f}s "
-            f"(learner {m['time/learner_s']:.1f} sync {m['time/sync_s']:.2f} | rollout "
-            f"{m.get('time/rollout_worker_s', 0.0):.1f}, learner waited {m['time/rollout_s']:.1f})"
-        )
-        if "eval/success" in m:
-            line += f" | eval success {m['eval/success']:.3f}"
-        print(line, file=sys.stderr, flush=True)
+        print_step(step, m, self.total_steps)
 
     def close(self) -> None:
         if self.wandb is not None:
             self.wandb.finish()
+
+
+class LogClient:
+    """Learner rank 0's handle to the `MetricsLog` actor on the driver's node. Each call waits for the write (a
+    millisecond), so records are on disk in step order and a failed write fails the step."""
+
+    def __init__(self, actor: Any, total_steps: int) -> None:
+        self.actor, self.total_steps = actor, total_steps
+
+    def truncate_after(self, step: int) -> None:
+        import ray
+
+        ray.get(self.actor.truncate_after.remote(step))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        import ray
+
+        ray.get(self.actor.log.remote(step, metrics))
+
+    def print_step(self, step: int, m: dict[str, Any]) -> None:
+        print_step(step, m, self.total_steps)  # rank 0's console; Ray forwards it to the driver's
+
+    def close(self) -> None:
+        import ray
+
+        ray.get(self.actor.close.remote())
+
+
+def start_driver_log(run_dir: Path, cfg: RunConfig, full_config: dict[str, Any], total_steps: int) -> LogClient:
+    """Start the MetricsLog actor on this (the driver's) node; call from the driver after Ray is up."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    actor = (
+        ray.remote(MetricsLog)
+        .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
+        .remote(run_dir, cfg, full_config, total_steps)
+    )
+    return LogClient(actor, total_steps)
+
+
+def print_step(step: int, m: dict[str, Any], total_steps: int) -> None:
+    line = (
+        f"step {step:>4}/{total_steps} | reward {m['reward/mean']:.3f} | success {m['rollout/success']:.2f} "
+        f"| tokens {m['rollout/sampled_tokens']:>6} | time {m['time/step_s']:.1f}s "
+        f"(learner {m['time/learner_s']:.1f} sync {m['time/sync_s']:.2f} | rollout "
+        f"{m.get('time/rollout_worker_s', 0.0):.1f}, learner waited {m['time/rollout_s']:.1f})"
+    )
+    if "eval/success" in m:
+        line += f" | eval success {m['eval/success']:.3f}"
+    print(line, file=sys.stderr, flush=True)
 
 
 def plot_curves(metrics_path: Path, out_path: Path) -> Path | None:

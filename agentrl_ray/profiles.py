@@ -6,7 +6,8 @@ learner threads. Explicit profiles:
 
 - cpu:  vLLM CPU rollouts, full fine-tune on CPU (plain DDP over gloo), object-store weight sync;
 - lora: LoRA adapters (peft) on CPU or one consumer GPU, adapter-only weight sync;
-- gpu:  vLLM CUDA rollouts, DeepSpeed ZeRO-2 learner on the GPUs, collective (NCCL) weight sync.
+- gpu:  vLLM CUDA rollouts, DeepSpeed ZeRO-2 learner on the GPUs, collective (NCCL) weight sync; engine and
+        learner counts come from the Ray cluster at start (`placement.py`), token budgets sized for real models.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ class Hardware:
     @property
     def workstation(self) -> bool:
         return self.gpus == 0 and self.cpus >= 8 and self.ram_gib >= 32
+
+
+# Real models with a real tool system prompt: the prompt alone (tool schemas + instructions) is often 300-1,000
+# tokens, and a tool-using answer several hundred more per turn.
+GPU_TOKEN_BUDGETS = {"max_tokens_per_turn": 1024, "max_total_tokens": 8192, "max_num_seqs": 256}
 
 
 def detect_hardware() -> Hardware:
@@ -87,29 +93,30 @@ def profile_preset(profile: str, hardware: Hardware | None = None) -> dict[str, 
                 "lr": 1e-3,
                 "lora": {"enabled": True},
             },
-            "rollout": {"num_gpus_per_worker": 0.4 if gpu else 0.0, "enforce_eager": not gpu},
+            # One engine and one learner rank; on one GPU they share it (placement.mode=auto → colocated).
+            "rollout": {"use_gpu": gpu, "enforce_eager": not gpu, **(GPU_TOKEN_BUDGETS if gpu else {})},
             "sync": {"transport": "object_store"},
         }
     if profile == "gpu":
-        gpus = max(hardware.gpus, 1)
-        # Half the GPUs roll out, half learn; one GPU is shared (vLLM takes a fraction of its memory).
-        learners = max(1, gpus // 2)
-        rollouts = max(1, gpus - learners) if gpus > 1 else 1
+        # How many engines and learner ranks: from the Ray cluster's GPUs when the run starts (placement.py), not
+        # from this machine, which may be a CPU-only head node.
         return {
             "model": {"dtype": "bfloat16"},
             "rollout": {
-                "num_workers": rollouts,
-                "num_gpus_per_worker": 1.0 if gpus > 1 else 0.4,
-                "gpu_memory_utilization": 0.85 if gpus > 1 else 0.35,
+                "num_workers": 0,
+                "use_gpu": True,
                 "enforce_eager": False,
                 "num_cpus_per_worker": 1.0,
+                **GPU_TOKEN_BUDGETS,
             },
+            "env": {"num_actors": 0},  # one env host per engine, packed beside it
             "learner": {
                 "backend": "deepspeed",
                 "zero_stage": 2,
                 "use_gpu": True,
-                "num_workers": learners,
+                "num_workers": 0,
                 "num_cpus_per_worker": 2.0,
+                "micro_batch_size": 4,
             },
             "sync": {"transport": "collective"},
         }

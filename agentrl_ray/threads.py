@@ -11,7 +11,7 @@ and handed to every actor, which applies it with the cores of the node it runs o
 - Environment variables every actor of the run inherits (`actor_env`): quiet logs, that wait policy, and DeepSpeed's
   accelerator on a CPU learner. The engine's own settings live with the engine (`rollout.engine.vllm_env`).
 - "Is this on GPU" is asked here, one way: `learner_on_gpu` (learner.use_gpu) and `engines_on_gpu`
-  (rollout.num_gpus_per_worker > 0).
+  (rollout.use_gpu).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class ThreadPolicy:
         return cls(
             overlapped=cfg.sync.max_staleness > 0,
             learner_on_gpu=cfg.learner.use_gpu,
-            engines_on_gpu=cfg.rollout.num_gpus_per_worker > 0,
+            engines_on_gpu=cfg.rollout.use_gpu,
             rollout_workers=cfg.rollout.num_workers,
             learner_workers=cfg.learner.num_workers,
             rollout_threads=cfg.rollout.num_threads,

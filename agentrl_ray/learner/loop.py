@@ -22,7 +22,6 @@ from agentrl_ray.config import Config
 from agentrl_ray.learner.batching import build_batch, micro_batches, shard
 from agentrl_ray.learner.feed import PromptSampler, RolloutFeed
 from agentrl_ray.learner.policy import TRAINER_STATE, Policy
-from agentrl_ray.outputs import MetricsLog, plot_curves
 from agentrl_ray.sync.sender import make_sender
 from agentrl_ray.types import RolloutTimings, TrajectoryGroup
 
@@ -195,7 +194,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         sender = make_sender(cfg, policy.lora_scaling)
         sender.setup(pool.workers)
         feed = RolloutFeed(pool, sender, sampler, cfg)
-        log = MetricsLog(cfg.run_dir, cfg.run, cfg.to_dict(), cfg.run.steps)
+        log = config["log"]  # outputs.LogClient: records go to the driver's node (storage.py)
         log.truncate_after(start)
         if start > 0:  # the rollout engines restarted from the base model: give them the checkpoint's weights
             sender.push(policy.named_tensors_for_sync(), start)
@@ -243,8 +242,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         # >= 2 s (docs/benchmarks.md). Per-step metrics go to metrics.jsonl, wandb and the console on rank 0.
     if rank == 0:
         log.close()
-        if cfg.run.plot and log.path.exists():
-            plot_curves(log.path, cfg.run_dir / "reward_curve.png")
 
 
 def sync_weights(feed: RolloutFeed, sender, policy: Policy, version: int) -> tuple[float, float]:

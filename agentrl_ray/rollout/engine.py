@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,6 +31,29 @@ def vllm_env(*, kv_cache_gib: float, use_gpu: bool) -> dict[str, str]:
         # exported a binding).
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     return env
+
+
+def check_engine_kwargs(extra: dict[str, Any], wrapped: dict[str, Any]) -> None:
+    """`rollout.engine_kwargs` must name vLLM engine arguments (fields of vLLM's EngineArgs) that our own keys do
+    not already set: a typo fails here with the close matches instead of deep inside vLLM."""
+    import dataclasses
+    import difflib
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    for key in extra:
+        if key in wrapped:
+            raise ValueError(
+                f"rollout.engine_kwargs.{key}: set through the config already (rollout.* / model.*); "
+                "use that key, not engine_kwargs"
+            )
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=3)
+            raise ValueError(
+                f"rollout.engine_kwargs.{key} is not a vLLM engine argument"
+                + (f" (did you mean {', '.join(close)}?)" if close else "")
+            )
 
 
 @dataclass
@@ -61,6 +85,9 @@ class VLLMEngine:
         enforce_eager: bool,
         gpu_memory_utilization: float,
         use_gpu: bool,
+        tensor_parallel_size: int = 1,
+        enable_prefix_caching: bool = True,
+        engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
         from vllm import LLM
 
@@ -72,7 +99,12 @@ class VLLMEngine:
             {} if use_gpu else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(8192, max_model_len)}
         )
 
-        self.llm = LLM(
+        # Tensor parallelism inside this actor: its placement bundle holds all tensor_parallel_size GPUs of one
+        # node (placement.py), so vLLM starts its extra ranks as local processes, not as Ray actors of its own.
+        parallel = {"tensor_parallel_size": tensor_parallel_size}
+        if tensor_parallel_size > 1:
+            parallel["distributed_executor_backend"] = "mp"
+        wrapped = dict(
             model=model_path,
             dtype=dtype,
             seed=seed,
@@ -80,9 +112,13 @@ class VLLMEngine:
             max_num_seqs=max_num_seqs,
             enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization,
-            enable_prefix_caching=True,
+            enable_prefix_caching=enable_prefix_caching,
+            **parallel,
             **no_chunking,
         )
+        extra = dict(engine_kwargs or {})
+        check_engine_kwargs(extra, wrapped)
+        self.llm = LLM(**wrapped, **extra)
 
     def generate(
         self,

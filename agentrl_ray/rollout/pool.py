@@ -2,8 +2,8 @@
 
 It is created by the driver and handed to the learner through `train_loop_config` (it holds only actor handles,
 so it pickles). Learner rank 0 calls `start`/`gather` (or `sample`) for each step's batch; the weight sender
-(`sync.sender`) talks to `workers` directly. Placement takes `num_gpus=0` on CPU, so the same code runs in the CPU
-tests and on a GPU cluster.
+(`sync.sender`) talks to `workers` directly. Where each actor runs is the placement plan's (`placement.py`, reserved
+by `cluster.py`); the same code runs in the CPU tests and on a GPU cluster.
 """
 
 from __future__ import annotations
@@ -36,18 +36,23 @@ class RolloutPool:
         self.env_hosts = env_hosts
 
     @classmethod
-    def create(cls, cfg: Config, model_path: str, threads: ThreadPolicy | None = None) -> RolloutPool:
-        """Start the env hosts and rollout workers; `threads`: the run's policy (the driver's), else from `cfg`."""
+    def create(cls, cfg: Config, model_path: str, threads: ThreadPolicy | None = None, placed=None) -> RolloutPool:
+        """Start the env hosts and rollout workers; `threads`: the run's policy (the driver's), else from `cfg`;
+        `placed`: the reserved placement plan (`cluster.Reserved`) that says where each actor runs; without it
+        (tests on one local node) actors take their CPUs anywhere."""
         threads = threads or ThreadPolicy.of(cfg)
-        env_actor = ray.remote(EnvHost).options(num_cpus=cfg.env.num_cpus_per_actor, max_concurrency=1000)
-        env_hosts = [env_actor.remote(tool_timeout_s=cfg.env.tool_timeout_s) for _ in range(cfg.env.num_actors)]
         r = cfg.rollout
+        env_opts = placed.env_options() if placed else [{"num_cpus": cfg.env.num_cpus_per_actor}] * cfg.env.num_actors
+        engine_opts = placed.engine_options() if placed else [{"num_cpus": r.num_cpus_per_worker}] * r.num_workers
+        env_hosts = [
+            ray.remote(EnvHost).options(max_concurrency=1000, **o).remote(tool_timeout_s=cfg.env.tool_timeout_s)
+            for o in env_opts
+        ]
         runtime_env = {"env_vars": vllm_env(kv_cache_gib=r.kv_cache_gib, use_gpu=threads.engines_on_gpu)}
-        worker_actor = ray.remote(RolloutWorker).options(
-            num_cpus=r.num_cpus_per_worker, num_gpus=r.num_gpus_per_worker, runtime_env=runtime_env
-        )
         workers = [
-            worker_actor.remote(
+            ray.remote(RolloutWorker)
+            .options(runtime_env=runtime_env, **o)
+            .remote(
                 i,
                 model_path,
                 cfg.model,
@@ -59,7 +64,7 @@ class RolloutPool:
                 collective_backend(cfg),  # the same choice as the learner's sender (sync.sender.make_sender)
                 threads,
             )
-            for i in range(r.num_workers)
+            for i, o in enumerate(engine_opts)
         ]
         pool = cls(workers, env_hosts)
         ray.get([w.get_version.remote() for w in workers])  # surface engine start-up errors here

@@ -62,8 +62,11 @@ class RolloutWorker:
             max_model_len=cfg.max_total_tokens,
             max_num_seqs=cfg.max_num_seqs,
             enforce_eager=cfg.enforce_eager,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            gpu_memory_utilization=cfg.gpu_memory_utilization or 0.5,  # 0: the driver's plan sets it on GPU
             use_gpu=threads.engines_on_gpu,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            engine_kwargs=cfg.engine_kwargs,
         )
         self.weights = WeightReceiver(model_path, self.engine.load_weights, collective)
 

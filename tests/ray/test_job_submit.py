@@ -95,14 +95,21 @@ def _stop_cluster(temp_dir: str) -> None:
 
 
 def test_ray_job_submit_runs_training(head_node, tmp_path):
+    """As a user submits it: `--working-dir .` and a relative output dir. The job runs in a temporary copy in Ray's
+    session folder; the outputs must land in a stable place instead ($AGENTRL_HOME here, the home folder by
+    default), not in that copy."""
     address, env = head_node
-    out = tmp_path / "runs"
+    home = tmp_path / "home"
     cmd = [
         str(BIN / "ray"),
         "job",
         "submit",
         "--address",
         address,
+        "--working-dir",
+        ".",
+        "--runtime-env-json",
+        json.dumps({"env_vars": {"AGENTRL_HOME": str(home)}}),
         "--",
         str(BIN / "agentrl-ray"),
         "train",
@@ -114,7 +121,7 @@ def test_ray_job_submit_runs_training(head_node, tmp_path):
         "data.eval_size=4",
         "run.eval_samples=1",
         "run.eval_at_start=false",
-        f"run.output_dir={out}",
+        "run.output_dir=runs",
         "run.name=job",
     ]
     done = subprocess.run(
@@ -122,5 +129,9 @@ def test_ray_job_submit_runs_training(head_node, tmp_path):
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "succeeded" in (done.stdout + done.stderr)
-    summary = json.loads((out / "job" / "summary.json").read_text())
+    run_dir = home / "runs" / "job"
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert 0.0 <= summary["eval/success"] <= 1.0
+    assert summary["checkpoint"].startswith(str(run_dir))
+    assert (run_dir / "metrics.jsonl").read_text().strip()
+    assert "inside a Ray job's temporary working dir" in done.stdout + done.stderr  # the user is told where

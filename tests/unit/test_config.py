@@ -87,8 +87,10 @@ def test_profiles_from_hardware():
     assert "rollout" not in profile_preset("cpu", laptop)
     assert profile_preset("cpu", ryzen)["rollout"]["num_workers"] == 2
     gpu = profile_preset("gpu", gpu_box)
-    assert gpu["learner"]["backend"] == "deepspeed" and gpu["learner"]["num_workers"] == 2
-    assert gpu["rollout"]["num_workers"] == 2 and gpu["sync"]["transport"] == "collective"
+    # Engine and learner counts come from the Ray cluster's GPUs at start (placement.py), not from this machine.
+    assert gpu["learner"]["backend"] == "deepspeed" and gpu["learner"]["num_workers"] == 0
+    assert gpu["rollout"]["num_workers"] == 0 and gpu["sync"]["transport"] == "collective"
+    assert gpu["rollout"]["max_total_tokens"] >= 4096  # a real tool system prompt alone exceeds 320 tokens
 
 
 def test_thread_defaults_and_wait_policy(monkeypatch):

@@ -22,14 +22,19 @@ LAYERS = {
     "data": 0,
     "tasks": 0,
     "outputs": 0,
+    "placement": 0,  # the plan: a pure function of (nodes, config)
+    "storage": 0,
+    "hub": 0,
     # roles, lowest first
     "envs": 1,
     "rewards": 2,
     "sync": 2,
+    "cluster": 2,  # the plan on a live Ray cluster (placement groups, node checks); driver-side
     "rollout": 3,
     "builtin_model": 3,  # builds the default model from the calculator env's tools
     "learner": 4,
     "driver": 5,
+    "plan_cmd": 5,
     "cli": 6,
     "__main__": 7,
 }

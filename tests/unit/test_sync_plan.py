@@ -19,7 +19,7 @@ from agentrl_ray.types import TensorMeta, WeightUpdate
         (["profile=lora"], CollectiveBackend("gloo", "cpu")),
         (["profile=gpu"], CollectiveBackend("nccl", "cuda")),
         # Learner on GPU, engines on CPU: one end cannot run NCCL, so both take gloo on CPU.
-        (["profile=gpu", "rollout.num_gpus_per_worker=0"], CollectiveBackend("gloo", "cpu")),
+        (["profile=gpu", "rollout.use_gpu=false"], CollectiveBackend("gloo", "cpu")),
     ],
 )
 def test_sender_and_receiver_pick_the_same_backend(overrides, expected):
@@ -35,7 +35,7 @@ def test_sender_and_receiver_pick_the_same_backend(overrides, expected):
 def test_gpu_preset_is_the_profile_that_broadcasts_over_nccl():
     preset = profile_preset("gpu", Hardware(cpus=16, ram_gib=64, gpus=2))
     assert preset["sync"]["transport"] == "collective" and preset["learner"]["use_gpu"]
-    assert preset["rollout"]["num_gpus_per_worker"] > 0
+    assert preset["rollout"]["use_gpu"]
 
 
 def test_receiver_refuses_a_group_on_another_backend():

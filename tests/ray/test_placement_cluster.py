@@ -1,0 +1,99 @@
+"""The placement plan on a real Ray cluster whose only worker node declares one (logical) GPU: the `gpu` and `lora`
+profiles are placed without deadlock (every placement group reserved, every actor and learner rank scheduled on its
+planned node with its share of the GPU; no CUDA work runs), and an unsatisfiable plan fails within seconds."""
+
+import time
+
+import pytest
+import ray
+
+from agentrl_ray.cluster import apply_plan, learner_scaling, plan_for_cluster, reserve
+from agentrl_ray.config import load_config
+from agentrl_ray.placement import PlacementError
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def one_gpu_cluster():
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    # A head without CPUs (the driver's node) and one worker with 4 CPUs and 1 GPU.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    worker = cluster.add_node(num_cpus=4, num_gpus=1)
+    ray.init(address=cluster.address)
+    yield worker.node_id
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class Probe:
+    def where(self):
+        return ray.get_runtime_context().get_node_id(), ray.get_gpu_ids()
+
+
+@pytest.mark.parametrize("profile", ["gpu", "lora"])
+def test_one_gpu_places_the_profile(one_gpu_cluster, profile, tmp_path):
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    def learner_where(_config):  # defined here so that it pickles by value (workers cannot import this test)
+        return {"node": ray.get_runtime_context().get_node_id(), "gpus": ray.get_gpu_ids()}
+
+    overrides = [f"profile={profile}", "rollout.use_gpu=true", "learner.use_gpu=true"]
+    cfg = load_config(None, overrides)
+    plan = plan_for_cluster(cfg)
+    assert plan.mode == "colocated"
+    assert [s.node_id for s in plan.engines + plan.env_hosts + plan.learners] == [one_gpu_cluster] * 3
+    assert plan.engines[0].resources["GPU"] + plan.learners[0].resources["GPU"] == 1.0
+    apply_plan(cfg, plan)
+    assert cfg.sync.transport == "object_store"  # NCCL cannot pair two ranks on one GPU
+    assert cfg.rollout.gpu_memory_utilization == 0.35
+
+    placed = reserve(plan, timeout_s=30)
+    try:
+        # The plan's engine and env host options, on trivial actors in their bundles.
+        actors = [Probe.options(**placed.options(s)).remote() for s in plan.engines + plan.env_hosts]
+        where = ray.get([a.where.remote() for a in actors], timeout=60)
+        assert [node for node, _ in where] == [one_gpu_cluster] * 2
+        assert where[0][1] == [0]  # the engine got the (logical) GPU 0
+        # The learner rank through Ray Train with the plan's ScalingConfig, while the engine holds its half.
+        trainer = TorchTrainer(
+            learner_where,
+            torch_config=TorchConfig(backend="gloo"),
+            scaling_config=learner_scaling(plan, use_gpu=True),
+            run_config=ray.train.RunConfig(storage_path=str(tmp_path), name=profile),
+        )
+        result = trainer.fit()
+        assert result.error is None
+        assert result.return_value == {"node": one_gpu_cluster, "gpus": [0]}  # rank 0: the same GPU, shared
+        for a in actors:
+            ray.kill(a)
+    finally:
+        placed.release()
+
+
+def test_unsatisfiable_plan_fails_within_seconds(one_gpu_cluster):
+    cfg = load_config(
+        None, ["profile=gpu", "rollout.num_workers=1", "learner.num_workers=1", "placement.mode=separate"]
+    )
+    t0 = time.monotonic()
+    with pytest.raises(PlacementError, match="GPU: needs 2, cluster has 1"):
+        plan_for_cluster(cfg)
+    assert time.monotonic() - t0 < 10
+
+    # A plan that fits the nodes but not what is free now (another group holds the GPU): a clear error, no hang.
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    squatter = placement_group([{"GPU": 1}])
+    assert squatter.wait(timeout_seconds=30)
+    try:
+        plan = plan_for_cluster(load_config(None, ["profile=gpu"]))
+        t0 = time.monotonic()
+        with pytest.raises(PlacementError, match="did not reserve the rollout placement group within"):
+            reserve(plan, timeout_s=3)
+        assert time.monotonic() - t0 < 20
+    finally:
+        remove_placement_group(squatter)
