@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from agentrl_ray import builtin_grid
 from agentrl_ray.chat_format import END_OF_TURN, ToolCall, encode_segments, render_tool_call, tool_response_segments
 from agentrl_ray.envs.base import tool_schemas
 from agentrl_ray.envs.calculator import CalculatorEnv
@@ -131,6 +132,7 @@ class Recipe:
     sft_lr: float = 3e-3
     sft_warmup: int = 30
     seed: int = 0
+    task: str = "arithmetic"  # the warm-up dialogues: "arithmetic" (calculator) or "grid" (see `builtin_grid`)
 
 
 RECIPE = Recipe()
@@ -147,7 +149,11 @@ SMALL_RECIPE = Recipe(
     sft_lr=1e-3,
     sft_warmup=15,
 )
-RECIPES = {"tiny": RECIPE, "small": SMALL_RECIPE}
+# `model.path: builtin:tiny-grid`: the tiny model's shape, its tokenizer and warm-up on the grid task's dialogues
+# (random walks, `agentrl_ray/builtin_grid.py`) instead of the calculator's. The dialogues are ~2x longer, so fewer,
+# shorter-batched steps keep the build near the tiny model's ~3 minutes.
+GRID_RECIPE = Recipe(task="grid", sft_dialogues=20_000, sft_steps=500, sft_batch=32)
+RECIPES = {"tiny": RECIPE, "small": SMALL_RECIPE, "tiny-grid": GRID_RECIPE}
 
 
 def calculator_tools() -> list[dict[str, Any]]:
@@ -160,8 +166,11 @@ def default_cache_root() -> Path:
 
 
 def recipe_hash(recipe: Recipe, tools: list[dict[str, Any]]) -> str:
+    fields = asdict(recipe)
+    if fields["task"] == "arithmetic":
+        del fields["task"]  # the field came after the calculator models were built: keep their cache folders
     blob = json.dumps(
-        {"version": RECIPE_VERSION, "recipe": asdict(recipe), "template": CHAT_TEMPLATE, "tools": tools},
+        {"version": RECIPE_VERSION, "recipe": fields, "template": CHAT_TEMPLATE, "tools": tools},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -177,9 +186,9 @@ def ensure_builtin_model(cache_dir: Path | None = None, *, force: bool = False, 
     if size not in RECIPES:
         raise ValueError(f"unknown built-in model size {size!r}; choose one of {sorted(RECIPES)}")
     recipe = RECIPES[size]
-    tools = calculator_tools()
+    tools = calculator_tools() if recipe.task == "arithmetic" else builtin_grid.grid_tools()
     models = (Path(cache_dir) if cache_dir is not None else default_cache_root()) / "models"
-    name = NAME if size == "tiny" else f"{size}-calculator"
+    name = NAME if size == "tiny" else size if recipe.task != "arithmetic" else f"{size}-calculator"
     target = models / f"{name}-{recipe_hash(recipe, tools)}"
     if (target / "config.json").is_file() and not force:
         return target
@@ -200,13 +209,25 @@ def ensure_builtin_model(cache_dir: Path | None = None, *, force: bool = False, 
 
 
 def build(out_dir: Path, recipe: Recipe, tools: list[dict[str, Any]]) -> None:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
     start = time.perf_counter()
     random.seed(recipe.seed)
     torch.manual_seed(recipe.seed)
-    problems = arithmetic.sample_problems(recipe.sft_dialogues, recipe.seed, "train")
-    tokenizer = train_tokenizer(recipe, tools, problems[:2000])
+    if recipe.task == "grid":
+        texts, make_examples = builtin_grid.texts_and_examples(recipe, tools, CHAT_TEMPLATE)
+    else:
+        problems = arithmetic.sample_problems(recipe.sft_dialogues, recipe.seed, "train")
+        rng = random.Random(recipe.seed)
+        renderer = Qwen2Tokenizer()  # only to render the training text with our template
+        renderer.chat_template = CHAT_TEMPLATE
+        texts = [render_dialogue(renderer, tools, p, rng, recipe.tool_fraction) for p in problems[:2000]]
+
+        def make_examples(tokenizer):
+            rng = random.Random(recipe.seed)
+            return [sft_example(tokenizer, tools, p, rng, recipe) for p in problems]
+
+    tokenizer = train_tokenizer(recipe, texts)
     log.info("built-in model: tokenizer of %d tokens", len(tokenizer))
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -230,8 +251,7 @@ def build(out_dir: Path, recipe: Recipe, tools: list[dict[str, Any]]) -> None:
         recipe.hidden_size,
         n_params / 1e6,
     )
-    rng = random.Random(recipe.seed)
-    examples = [sft_example(tokenizer, tools, p, rng, recipe) for p in problems]
+    examples = make_examples(tokenizer)
     supervised_warmup(model, examples, recipe, pad_id=tokenizer.pad_token_id)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -243,7 +263,7 @@ def build(out_dir: Path, recipe: Recipe, tools: list[dict[str, Any]]) -> None:
 # ---------------------------------------------------------------------------------------------------- tokenizer
 
 
-def train_tokenizer(recipe: Recipe, tools: list[dict[str, Any]], problems: list[tuple[int, str, int]]):
+def train_tokenizer(recipe: Recipe, texts: list[str]):
     """Byte-level BPE trained on rendered dialogues, as a `Qwen2Tokenizer`.
 
     `AutoTokenizer` (and so vLLM) loads any qwen2 model's tokenizer as `Qwen2Tokenizer`, which rebuilds its own
@@ -265,10 +285,6 @@ def train_tokenizer(recipe: Recipe, tools: list[dict[str, Any]], problems: list[
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    renderer = Qwen2Tokenizer()  # only to render the training text with our template
-    renderer.chat_template = CHAT_TEMPLATE
-    rng = random.Random(recipe.seed)
-    texts = [render_dialogue(renderer, tools, p, rng, recipe.tool_fraction) for p in problems]
     # The trainer does not split at special tokens by itself (encoding does), nor do we want merges with newlines.
     cut = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS) + "|\n")
     bpe.train_from_iterator((piece for text in texts for piece in cut.split(text) if piece), trainer)

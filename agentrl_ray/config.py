@@ -19,7 +19,7 @@ import yaml
 
 from agentrl_ray.profiles import profile_preset, resolve_profile
 
-BUILTIN_MODELS = ("tiny", "small")  # the sizes of builtin_model.RECIPES
+BUILTIN_MODELS = ("tiny", "small", "tiny-grid")  # the sizes of builtin_model.RECIPES
 
 
 class ConfigError(ValueError):
@@ -32,7 +32,7 @@ class ModelConfig:
 
     path: str = "builtin:tiny"
     """builtin:tiny (the project's own 0.44M-parameter chat model, built once and cached), builtin:small (~25M, for
-    benchmarks), a local Hugging Face model folder, or a Hub id (org/name[@revision], resolved through the Hugging
+    benchmarks), builtin:tiny-grid (tiny, warm-started on examples/grid), a local Hugging Face model folder, or a Hub id (org/name[@revision], resolved through the Hugging
     Face cache to one commit for every node, see hub.py)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Dtype of the rollout engines' weights (and of the learner's on GPU; a CPU learner keeps float32 masters)."""
@@ -43,7 +43,8 @@ class DataConfig:
     """Training and held-out prompts (`data.*`)."""
 
     train: str = "builtin:arithmetic"
-    """Training prompts: builtin:arithmetic, a .jsonl file, a datasets.save_to_disk folder, or parquet/json files."""
+    """Training prompts: builtin:arithmetic, builtin:grid, a .jsonl file, a datasets.save_to_disk folder, or
+    parquet/json files."""
     eval: str = "builtin:arithmetic"
     """Held-out prompts, in the same forms as data.train."""
     train_size: int = 4000

@@ -1,4 +1,4 @@
-"""Prompt datasets: the built-in arithmetic task, JSONL files, or Hugging Face datasets on disk.
+"""Prompt datasets: the built-in arithmetic and grid tasks, JSONL files, or Hugging Face datasets on disk.
 
 Rows follow TRL's conventions: a `prompt` column (a string, or a list of chat messages) plus any other columns,
 which reward functions receive as keyword arguments. Every row is checked when loaded, so a malformed row fails
@@ -18,6 +18,10 @@ from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 def load_rows(spec: str, cfg: DataConfig, *, split: str, size: int) -> list[dict[str, Any]]:
     if spec == "builtin:arithmetic":
         rows = make_arithmetic_rows(size, cfg.seed, split)
+    elif spec == "builtin:grid":
+        from agentrl_ray.tasks.grid import make_grid_rows
+
+        rows = make_grid_rows(size, cfg.seed, split)
     else:
         rows = _load_file_or_dataset(spec, split)[:size]
     return [_check_row(row, i, spec, cfg.prompt_column) for i, row in enumerate(rows)]
@@ -26,7 +30,9 @@ def load_rows(spec: str, cfg: DataConfig, *, split: str, size: int) -> list[dict
 def _load_file_or_dataset(spec: str, split: str) -> list[dict[str, Any]]:
     path = Path(spec).expanduser()
     if not path.exists():
-        raise ConfigError(f"dataset {spec!r} does not exist (use builtin:arithmetic, a .jsonl file or a folder)")
+        raise ConfigError(
+            f"dataset {spec!r} does not exist (use builtin:arithmetic, builtin:grid, a .jsonl file or a folder)"
+        )
     if path.suffix == ".jsonl":
         rows = []
         for n, line in enumerate(path.read_text().splitlines(), 1):

@@ -1,65 +1,101 @@
-"""GRPO vs GRPO + ECHO on the default calculator task: held-out success vs samples, held-out environment-token CE.
+"""GRPO vs GRPO + ECHO on a task's config: held-out success vs samples, held-out environment-token CE.
 
-    python benchmarks/echo_experiment.py                        # sweep lambda (seed 0), then 3 seeds of GRPO and
-                                                                # of the best lambda; ~25 min on 2 CPU cores
-    python benchmarks/echo_experiment.py --report-only          # rebuild docs/echo.md from the runs on disk
+    python benchmarks/echo_experiment.py                        # the calculator: sweep lambda (seed 0), then 3 seeds
+                                                                # of GRPO and of the best lambda; ~25 min on 2 cores
+    python benchmarks/echo_experiment.py --config examples/grid/config.yaml --sweep 0.005 0.05 0.2 \\
+        --normalizations seq_mean_token_mean seq_mean_token_sum_norm --seeds 0 1 2 3 4      # the grid task
+    python benchmarks/echo_experiment.py --config examples/grid/config.yaml --report-only   # redraw from disk
     python benchmarks/echo_experiment.py --sweep 0.01 0.1 --seeds 0 1 2 3 -- run.steps=80   # other settings
 
-Each run is `agentrl-ray train examples/calculator/config.yaml echo.coeff=L run.seed=S` (the
-README's default run, nothing else changed), in its own Ray instance, one after another. Held-out success and
-held-out environment-token CE come from the run's own evaluations (`eval/success`, `eval/env_token_ce` in
-metrics.jsonl, every `run.eval_every` steps on the same held-out prompts). The lambda for the seeded comparison is
-the sweep value with the best mean held-out success over the run's evaluations after step 0 (area under the curve),
-so a lambda that gets there sooner wins over one that only ends level.
+Each run is `agentrl-ray train <config> echo.coeff=L run.seed=S` (the example's run, nothing else
+changed), in its own Ray instance, one after another; with AGENTRL_HEAVY_LOCK=<file> set each run is wrapped in
+`flock <file>`, so a machine shared with other heavy jobs runs one at a time and the others interleave between runs.
+Order: GRPO at the first seed, the lambda sweep at that seed, the normalizations (at the best lambda, first seed),
+then the remaining seeds of GRPO and of the best lambda. A run already on disk (its summary.json) is reused, so an
+interrupted experiment continues where it stopped.
 
-Writes runs/echo/<name>/ for each run, docs/echo.md (table) and docs/echo.png (curves, mean and per seed).
+Held-out success and held-out environment-token CE come from the run's own evaluations (`eval/success`,
+`eval/env_token_ce` in metrics.jsonl, every `run.eval_every` steps on the same held-out prompts). The lambda for the
+seeded comparison is the sweep value with the best mean held-out success over the run's evaluations after step 0
+(area under the curve), so a lambda that gets there sooner wins over one that only ends level.
+
+Writes runs/echo/<name>/ (the calculator) or runs/echo-<task>/<name>/ (another config) for each run. The calculator
+writes docs/echo.md's head and docs/echo.png; another task writes its own section of docs/echo.md (between
+`<!-- echo:<task> -->` markers, the calculator's part untouched) and docs/echo-<task>.png. `--report-only` reports
+the runs that exist (fewer seeds than asked are reported as such).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "examples/calculator/config.yaml"
-OUT = ROOT / "runs" / "echo"
+CALCULATOR = ROOT / "examples/calculator/config.yaml"
 ANALYSIS = "<!-- analysis: kept when the tables are regenerated -->"
+COEFF_KEY = "echo.coeff"
+NORM_KEY = "echo.normalization"
+DEFAULT_NORM = "token_mean"
 
 
-def run_name(coeff: float, seed: int) -> str:
-    return f"lam{coeff:g}-seed{seed}"
+class Experiment:
+    """Where a config's runs go and how each is started."""
 
+    def __init__(self, config: Path, extra: list[str]) -> None:
+        self.config = config.resolve()
+        self.extra = extra
+        self.task = "calculator" if self.config == CALCULATOR.resolve() else task_name(self.config)
+        self.out = ROOT / "runs" / ("echo" if self.task == "calculator" else f"echo-{self.task}")
 
-def train(coeff: float, seed: int, extra: list[str]) -> Path:
-    run_dir = OUT / run_name(coeff, seed)
-    if (run_dir / "summary.json").exists():
-        print(f"[echo] {run_dir.name}: done before, reusing", flush=True)
+    def run_dir(self, coeff: float, seed: int, norm: str = DEFAULT_NORM) -> Path:
+        return self.out / run_name(coeff, seed, norm)
+
+    def train(self, coeff: float, seed: int, norm: str = DEFAULT_NORM) -> Path:
+        run_dir = self.run_dir(coeff, seed, norm)
+        if (run_dir / "summary.json").exists():
+            print(f"[echo] {run_dir.name}: done before, reusing", flush=True)
+            return run_dir
+        if run_dir.exists():
+            import shutil
+
+            shutil.rmtree(run_dir)  # an interrupted run: start it again
+        cmd = [
+            sys.executable,
+            "-m",
+            "agentrl_ray",
+            "train",
+            str(self.config),
+            f"{COEFF_KEY}={coeff}",
+            *([f"{NORM_KEY}={norm}"] if norm != DEFAULT_NORM else []),
+            f"run.seed={seed}",
+            f"run.output_dir={self.out}",
+            f"run.name={run_dir.name}",
+            "run.checkpoint_every=0",
+            "run.keep_checkpoints=1",
+            *self.extra,
+        ]
+        print(f"[echo] {run_dir.name}: {' '.join(cmd[3:])}", flush=True)
+        lock = os.environ.get("AGENTRL_HEAVY_LOCK")
+        # One run per lock hold: other heavy jobs on a shared machine get their turn between runs.
+        subprocess.run(["flock", lock, *cmd] if lock else cmd, check=True, cwd=ROOT)
         return run_dir
-    if run_dir.exists():
-        import shutil
 
-        shutil.rmtree(run_dir)  # an interrupted run: start it again
-    cmd = [
-        sys.executable,
-        "-m",
-        "agentrl_ray",
-        "train",
-        str(CONFIG),
-        f"echo.coeff={coeff}",
-        f"run.seed={seed}",
-        f"run.output_dir={OUT}",
-        f"run.name={run_dir.name}",
-        "run.checkpoint_every=0",
-        "run.keep_checkpoints=1",
-        *extra,
-    ]
-    print(f"[echo] {run_dir.name}: {' '.join(cmd[3:])}", flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT)
-    return run_dir
+
+def task_name(config: Path) -> str:
+    name = (yaml.safe_load(config.read_text()) or {}).get("run", {}).get("name")
+    return str(name or config.parent.name)
+
+
+def run_name(coeff: float, seed: int, norm: str = DEFAULT_NORM) -> str:
+    return f"lam{coeff:g}-seed{seed}" if norm == DEFAULT_NORM else f"lam{coeff:g}-{norm}-seed{seed}"
 
 
 def curve(run_dir: Path) -> list[dict]:
@@ -73,87 +109,143 @@ def auc(run_dir: Path) -> float:
 
 def samples_to_reach(run_dir: Path, target: float) -> int | None:
     for r in curve(run_dir):
-        if r["eval/success"] >= target:
+        if r["eval/success"] >= target - 1e-9:
             return r["samples"]
     return None
 
 
-def report(runs: dict[float, list[Path]], sweep: dict[float, Path], best: float) -> None:
+def mean_ci(xs: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval (0 for one value)."""
+    t95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}
+    if len(xs) < 2:
+        return statistics.mean(xs), float("nan")
+    return statistics.mean(xs), t95.get(len(xs), 2.0) * statistics.stdev(xs) / len(xs) ** 0.5
+
+
+def ratio_ci(a: list[float], b: list[float], n: int = 10_000) -> tuple[float, float, float]:
+    """mean(a) / mean(b) and its 95% bootstrap interval (seeds resampled within each arm)."""
+    rng = random.Random(0)
+    boots = sorted(
+        statistics.mean(rng.choices(a, k=len(a))) / statistics.mean(rng.choices(b, k=len(b))) for _ in range(n)
+    )
+    return statistics.mean(a) / statistics.mean(b), boots[int(0.025 * n)], boots[int(0.975 * n)]
+
+
+def reach_or_censored(run_dir: Path, target: float) -> tuple[float, bool]:
+    """Samples to the first evaluation at or above `target`; a run that never gets there counts as one evaluation
+    interval past its end (a lower bound: the ratio below is then conservative for the arm that misses)."""
+    c = curve(run_dir)
+    hit = samples_to_reach(run_dir, target)
+    if hit is not None:
+        return float(hit), False
+    return float(c[-1]["samples"] + (c[-1]["samples"] - c[-2]["samples"])), True
+
+
+def mean_curve(dirs: list[Path], key: str) -> list[tuple[int, float]]:
+    curves = [curve(d) for d in dirs]
+    n = min(len(c) for c in curves)
+    return [(curves[0][i]["samples"], statistics.mean(c[i].get(key, float("nan")) for c in curves)) for i in range(n)]
+
+
+def tables(
+    exp: Experiment, runs: dict[float, list[Path]], sweep: dict[float, Path], norms: dict[str, Path], best: float
+) -> list[str]:
+    def ms(xs: list[float]) -> str:
+        m, h = mean_ci(xs)
+        return f"{m:.3f} ± {statistics.pstdev(xs):.3f} [±{h:.3f}]" if len(xs) > 1 else f"{m:.3f}"
+
+    def ce(c: list[dict], i: int) -> str:
+        return f"{c[i].get('eval/env_token_ce', float('nan')):.2f}"
+
+    seed0 = min(int(d.name.rpartition("seed")[2]) for d in sweep.values())
+    lines = [
+        f"## λ sweep (seed {seed0})",
+        "",
+        "| λ | held-out success, final | peak | mean over evals after step 0 | held-out env-token CE, start → end |",
+        "|---|---|---|---|---|",
+    ]
+    for coeff, d in sorted(sweep.items()):
+        c = curve(d)
+        peak = max(r["eval/success"] for r in c)
+        lines.append(
+            f"| {coeff:g} | {c[-1]['eval/success']:.3f} | {peak:.3f} | {auc(d):.3f} | {ce(c, 0)} → {ce(c, -1)} |"
+        )
+    if norms:
+        lines += [
+            "",
+            f"## World-loss normalization (λ = {best:g}, seed {seed0})",
+            "",
+            "| normalization | held-out success, final | mean over evals after step 0 | env-token CE, start → end |",
+            "|---|---|---|---|",
+        ]
+        for norm, d in norms.items():
+            c = curve(d)
+            lines.append(f"| {norm} | {c[-1]['eval/success']:.3f} | {auc(d):.3f} | {ce(c, 0)} → {ce(c, -1)} |")
+    lines += ["", f"Chosen λ = {best:g} (best mean held-out success over the run in the sweep).", ""]
+    grpo = runs.get(0.0, [])
+    if not grpo:
+        return lines
+    target = max(v for _, v in mean_curve(grpo, "eval/success"))
+    lines += [
+        "## Seeds (mean ± std over seeds [± half-width of the 95% t-interval of the mean])",
+        "",
+        f"GRPO's best held-out success: {target:.3f}, the peak of GRPO's mean curve over its seeds. Samples to reach",
+        "it: the first evaluation at or above it, per seed (`>N`: never within the run, counted as N, one evaluation",
+        "interval past the end).",
+        "",
+        "| λ | seeds | held-out success, final | peak | mean over evals | env-token CE start | env-token CE end "
+        "| samples to GRPO's best |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    reach: dict[float, list[float]] = {}
+    for coeff, dirs in sorted(runs.items()):
+        curves = [curve(d) for d in dirs]
+        hits = [reach_or_censored(d, target) for d in dirs]
+        reach[coeff] = [s for s, _ in hits]
+        cells = ", ".join(f">{s:.0f}" if cens else f"{s:.0f}" for s, cens in hits)
+        lines.append(
+            f"| {coeff:g} | {len(dirs)} | {ms([c[-1]['eval/success'] for c in curves])} "
+            f"| {ms([max(r['eval/success'] for r in c) for c in curves])} | {ms([auc(d) for d in dirs])} "
+            f"| {ms([c[0].get('eval/env_token_ce', float('nan')) for c in curves])} "
+            f"| {ms([c[-1].get('eval/env_token_ce', float('nan')) for c in curves])} | {cells} |"
+        )
+    echo = [c for c in runs if c != 0.0]
+    if echo and len(reach[0.0]) and len(reach[echo[0]]):
+        r, lo, hi = ratio_ci(reach[echo[0]], reach[0.0])
+        lines += [
+            "",
+            f"Samples GRPO + ECHO (λ = {echo[0]:g}) needs to reach GRPO's best, over GRPO's: **{r:.2f}** "
+            f"(95% bootstrap interval over seeds {lo:.2f}–{hi:.2f}; {len(reach[echo[0]])} and {len(reach[0.0])} "
+            "seeds; ≤ 0.5 is the ECHO paper's ~2x).",
+        ]
+    lines += [
+        "",
+        "Mean held-out success curves (over seeds):",
+        "",
+        "| samples | " + " | ".join("GRPO" if c == 0 else f"ECHO λ={c:g}" for c in sorted(runs)) + " |",
+        "|---" * (len(runs) + 1) + "|",
+    ]
+    means = {c: mean_curve(d, "eval/success") for c, d in sorted(runs.items())}
+    for i in range(min(len(m) for m in means.values())):
+        lines.append(f"| {means[0.0][i][0]} | " + " | ".join(f"{means[c][i][1]:.3f}" for c in sorted(runs)) + " |")
+    return lines
+
+
+def plot(runs: dict[float, list[Path]], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    grpo = runs[0.0]
-    grpo_best = statistics.mean(max(r["eval/success"] for r in curve(d)) for d in grpo)
-    rows = []
-    for coeff, dirs in sorted(runs.items()):
-        curves = [curve(d) for d in dirs]
-        final = [c[-1]["eval/success"] for c in curves]
-        peak = [max(r["eval/success"] for r in c) for c in curves]
-        ce_start = [c[0].get("eval/env_token_ce", float("nan")) for c in curves]
-        ce_end = [c[-1].get("eval/env_token_ce", float("nan")) for c in curves]
-        reach = [samples_to_reach(d, grpo_best) for d in dirs]
-        reach80 = [samples_to_reach(d, 0.8) for d in dirs]
-        rows.append((coeff, len(dirs), final, peak, [auc(d) for d in dirs], ce_start, ce_end, reach, reach80))
-
-    def ms(xs: list[float]) -> str:
-        return f"{statistics.mean(xs):.3f} ± {statistics.pstdev(xs):.3f}"
-
-    lines = [
-        "# ECHO on the default calculator task",
-        "",
-        "GRPO (λ = 0) against GRPO + ECHO (λ·CE on the calculator's output tokens), everything else the README's",
-        "default run. Reproduce: `python benchmarks/echo_experiment.py` (then `--report-only` to redraw).",
-        "",
-        "## λ sweep (seed 0)",
-        "",
-        "| λ | held-out success, final | mean over evals after step 0 | held-out env-token CE, start → end |",
-        "|---|---|---|---|",
-    ]
-    for coeff, d in sorted(sweep.items()):
-        c = curve(d)
-        lines.append(
-            f"| {coeff:g} | {c[-1]['eval/success']:.3f} | {auc(d):.3f} | "
-            f"{c[0].get('eval/env_token_ce', float('nan')):.2f} → {c[-1].get('eval/env_token_ce', float('nan')):.2f} |"
-        )
-    lines += [
-        "",
-        f"Chosen λ = {best:g} (best mean held-out success over the run).",
-        "",
-        "## Seeds (mean ± std over seeds)",
-        "",
-        f"Samples to reach GRPO's best held-out success ({grpo_best:.3f}, mean over GRPO seeds of each seed's peak):",
-        "the first evaluation at or above it, per seed (– = never within the run).",
-        "",
-        "| λ | seeds | held-out success, final | peak | mean over evals | env-token CE start | env-token CE end "
-        "| samples to GRPO's best | samples to 0.8 |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for coeff, n, final, peak, aucs, ce0, ce1, reach, reach80 in rows:
-        reach_s, reach80_s = (", ".join("–" if r is None else str(r) for r in xs) for xs in (reach, reach80))
-        lines.append(
-            f"| {coeff:g} | {n} | {ms(final)} | {ms(peak)} | {ms(aucs)} | {ms(ce0)} | {ms(ce1)} | {reach_s} "
-            f"| {reach80_s} |"
-        )
-    lines += ["", "![held-out success and env-token CE vs samples](echo.png)", ""]
-    doc = ROOT / "docs" / "echo.md"
-    doc.parent.mkdir(exist_ok=True)
-    # The hand-written reading of the results after ANALYSIS survives a regeneration of the tables.
-    kept = doc.read_text().partition(ANALYSIS)[2] if doc.exists() else ""
-    doc.write_text("\n".join(lines) + "\n" + ANALYSIS + (kept or "\n"))
-
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for (coeff, dirs), color in zip(sorted(runs.items()), ["tab:blue", "tab:orange", "tab:green", "tab:red"]):
         label = "GRPO" if coeff == 0 else f"GRPO + ECHO λ={coeff:g}"
-        curves = [curve(d) for d in dirs]
-        xs = [r["samples"] for r in curves[0]]
         for key, ax in (("eval/success", axes[0]), ("eval/env_token_ce", axes[1])):
-            for c in curves:
+            for d in dirs:
+                c = curve(d)
                 ax.plot([r["samples"] for r in c], [r.get(key, float("nan")) for r in c], color=color, alpha=0.25)
-            n = min(len(c) for c in curves)
-            mean = [statistics.mean(c[i].get(key, float("nan")) for c in curves) for i in range(n)]
-            ax.plot(xs[:n], mean, "o-", color=color, label=label)
+            mean = mean_curve(dirs, key)
+            ax.plot([x for x, _ in mean], [y for _, y in mean], "o-", color=color, label=f"{label} ({len(dirs)})")
     axes[0].set_ylabel("held-out success")
     axes[1].set_ylabel("held-out environment-token CE (nats)")
     for ax in axes:
@@ -161,22 +253,76 @@ def report(runs: dict[float, list[Path]], sweep: dict[float, Path], best: float)
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(ROOT / "docs" / "echo.png", dpi=110)
-    print((ROOT / "docs" / "echo.md").read_text())
+    fig.savefig(out, dpi=110)
+
+
+def report(exp: Experiment, runs, sweep, norms, best: float) -> None:
+    doc = ROOT / "docs" / "echo.md"
+    doc.parent.mkdir(exist_ok=True)
+    text = doc.read_text() if doc.exists() else ""
+    body = tables(exp, runs, sweep, norms, best)
+    if exp.task == "calculator":
+        head = [
+            "# ECHO on the default calculator task",
+            "",
+            "GRPO (λ = 0) against GRPO + ECHO (λ·CE on the calculator's output tokens), everything else the README's",
+            "default run. Reproduce: `python benchmarks/echo_experiment.py` (then `--report-only` to redraw).",
+            "",
+            *body,
+            "",
+            "![held-out success and env-token CE vs samples](echo.png)",
+            "",
+        ]
+        # The hand-written reading after ANALYSIS (and any other task's section in it) survives a regeneration.
+        doc.write_text("\n".join(head) + "\n" + ANALYSIS + (text.partition(ANALYSIS)[2] or "\n"))
+        plot(runs, ROOT / "docs" / "echo.png")
+    else:
+        begin, end = f"<!-- echo:{exp.task} -->", f"<!-- /echo:{exp.task} -->"
+        cmd = f"python benchmarks/echo_experiment.py --config {exp.config.relative_to(ROOT)}"
+        section = [
+            begin,
+            f"## Generated: GRPO vs GRPO + ECHO on `{exp.config.relative_to(ROOT)}`",
+            "",
+            f"Reproduce: `{cmd} ...` (the arguments above each table's runs); `{cmd} --report-only` redraws.",
+            "",
+            *[line.replace("## ", "### ", 1) if line.startswith("## ") else line for line in body],
+            "",
+            f"![held-out success and env-token CE vs samples, {exp.task}](echo-{exp.task}.png)",
+            end,
+        ]
+        before, found, rest = text.partition(begin)
+        after = rest.partition(end)[2] if found else ""
+        doc.write_text(before.rstrip("\n") + "\n\n" + "\n".join(section) + (after or "\n"))
+        plot(runs, ROOT / "docs" / f"echo-{exp.task}.png")
+    print(doc.read_text())
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path, default=CALCULATOR, help="the task's training config (an example's)")
     p.add_argument("--sweep", type=float, nargs="+", default=[0.005, 0.05, 0.2])
+    p.add_argument("--normalizations", nargs="*", default=[], help=f"{NORM_KEY} values to try at the best λ")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--report-only", action="store_true")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = p.parse_args()
-    run = (lambda c, s: OUT / run_name(c, s)) if args.report_only else (lambda c, s: train(c, s, args.overrides))
-    sweep = {c: run(c, args.seeds[0]) for c in args.sweep}
-    best = max(args.sweep, key=lambda c: auc(sweep[c]))
-    runs = {0.0: [run(0.0, s) for s in args.seeds], best: [run(best, s) for s in args.seeds]}
-    report(runs, sweep, best)
+    exp = Experiment(args.config, args.overrides)
+    done = lambda d: (d / "summary.json").exists()  # noqa: E731
+    if args.report_only:
+        run = lambda c, s, n=DEFAULT_NORM: exp.run_dir(c, s, n)  # noqa: E731
+    else:
+        run = exp.train
+    first = args.seeds[0]
+    sweep = {0.0: run(0.0, first)} | {c: run(c, first) for c in args.sweep}
+    sweep = {c: d for c, d in sweep.items() if done(d)}
+    best = max((c for c in sweep if c != 0.0), key=lambda c: auc(sweep[c]), default=args.sweep[0])
+    norms = {n: run(best, first, n) for n in args.normalizations}
+    norms = {n: d for n, d in norms.items() if done(d)}
+    # Seed by seed, GRPO then ECHO: an experiment cut short still compares the arms on the same seeds.
+    pairs = [(c, s) for s in args.seeds for c in (0.0, best)]
+    dirs = [(c, run(c, s)) for c, s in pairs]
+    runs = {c: [d for c2, d in dirs if c2 == c and done(d)] for c in (0.0, best)}
+    report(exp, runs, sweep, norms, best)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ LAYERS = {
     "cluster": 2,  # the plan on a live Ray cluster (placement groups, node checks); driver-side
     "rollout": 3,
     "builtin_model": 3,  # builds the default model from the calculator env's tools
+    "builtin_grid": 3,  # the grid task's part of the built-in models (the grid env's tools)
     "learner": 4,
     "driver": 5,
     "plan_cmd": 5,

@@ -1,0 +1,135 @@
+"""The grid task: walk from a start cell to a goal cell with `move(direction)` (`agentrl_ray.envs.grid.GridEnv`).
+
+The grid's dynamics live here too (`step`, `observation`), shared by `envs.grid.GridEnv` and the warm-up walks.
+Prompts read "You are at 1,3. Go to 3,2." with the goal 1 to 3 moves away (Manhattan distance) on a 5 x 5 grid.
+Rows carry `start` and `goal` ("x,y") for the environment. Train and eval (start, goal) pairs never overlap: a pair
+belongs to the eval split when a hash of its prompt falls in the eval bucket (1 in 8), so the warm-up of the
+`builtin:tiny-grid` model (train split only) never sees a held-out pair. There are few pairs (~45 held out), so a
+split asked for more rows than it has cycles through them (ids stay distinct).
+
+The warm-up dialogues (`warmup_messages`) walk at random: each move is uniform over the four directions, the walk
+stops with "Done." as soon as an observation says "goal", and gives up after `MAX_MOVES` moves. The warm-started
+model thus knows the tool format and when to stop, but not which direction brings it closer: a held-out success near
+that of a random walk (~0.25), which reinforcement learning has to raise, and the observations it is shown tell it
+what each direction does.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from typing import Any
+
+SIZE = 5  # cells 0..SIZE-1 on each axis
+DIRECTIONS = {"north": (0, 1), "south": (0, -1), "east": (1, 0), "west": (-1, 0)}
+
+
+def parse_cell(value: Any, what: str) -> tuple[int, int]:
+    """A cell from "x,y" or [x, y]; ValueError naming `what` if it is not a cell of the grid."""
+    parts = value.split(",") if isinstance(value, str) else value
+    try:
+        x, y = (int(p) for p in parts)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a cell 'x,y' or [x, y], got {value!r}") from None
+    if not (0 <= x < SIZE and 0 <= y < SIZE):
+        raise ValueError(f"{what} {value!r} is off the {SIZE} x {SIZE} grid (cells 0..{SIZE - 1})")
+    return x, y
+
+
+def cell_text(cell: tuple[int, int]) -> str:
+    return f"{cell[0]},{cell[1]}"
+
+
+def step(cell: tuple[int, int], direction: str) -> tuple[tuple[int, int], bool]:
+    """(next cell, blocked): the grid's whole dynamics, shared by the environment and the warm-up dialogues."""
+    dx, dy = DIRECTIONS[direction]
+    x, y = cell[0] + dx, cell[1] + dy
+    if not (0 <= x < SIZE and 0 <= y < SIZE):
+        return cell, True
+    return (x, y), False
+
+
+def observation(cell: tuple[int, int], blocked: bool, goal: tuple[int, int]) -> str:
+    return ("blocked, " if blocked else "") + "at " + cell_text(cell) + (" goal" if cell == goal else "")
+
+
+MIN_DISTANCE, MAX_DISTANCE = 1, 3
+MAX_MOVES = 5  # the warm-up walker's patience; the example's rollout.max_turns is MAX_MOVES + 1
+EVAL_BUCKETS = 8
+SPLITS = ("train", "eval")
+FINAL_ANSWER = "Done."
+
+Cell = tuple[int, int]
+
+
+def question(start: Cell, goal: Cell) -> str:
+    return f"You are at {cell_text(start)}. Go to {cell_text(goal)}."
+
+
+def split_of(text: str) -> str:
+    return "eval" if zlib.crc32(text.encode()) % EVAL_BUCKETS == 0 else "train"
+
+
+def all_problems(split: str) -> list[tuple[Cell, Cell]]:
+    """Every (start, goal) pair of `split`, in a fixed order."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    cells = [(x, y) for x in range(SIZE) for y in range(SIZE)]
+    return [
+        (s, g)
+        for s in cells
+        for g in cells
+        if MIN_DISTANCE <= abs(s[0] - g[0]) + abs(s[1] - g[1]) <= MAX_DISTANCE and split_of(question(s, g)) == split
+    ]
+
+
+def sample_problems(n: int, seed: int, split: str) -> list[tuple[Cell, Cell]]:
+    """`n` problems of `split`, deterministic in (seed, split): shuffled passes over all of the split's pairs."""
+    pool = all_problems(split)
+    rng = random.Random(f"grid/{seed}/{split}")
+    out: list[tuple[Cell, Cell]] = []
+    while len(out) < n:
+        rng.shuffle(pool)
+        out.extend(pool[: n - len(out)])
+    return out
+
+
+def make_grid_rows(n: int, seed: int, split: str) -> list[dict[str, Any]]:
+    """`n` rows {"prompt": [user message], "start": "1,3", "goal": "3,2", "id": ...} of `split`."""
+    rows = []
+    for i, (start, goal) in enumerate(sample_problems(n, seed, split)):
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": question(start, goal)}],
+                "start": cell_text(start),
+                "goal": cell_text(goal),
+                "id": f"{split}-{i}-{cell_text(start)}-{cell_text(goal)}",
+            }
+        )
+    return rows
+
+
+def random_walk(start: Cell, goal: Cell, rng: random.Random) -> list[tuple[str, str]]:
+    """(direction, observation) of each move of a uniform random walk that stops at the goal or after MAX_MOVES."""
+    cell, moves = start, []
+    while len(moves) < MAX_MOVES and cell != goal:
+        direction = rng.choice(sorted(DIRECTIONS))
+        cell, blocked = step(cell, direction)
+        moves.append((direction, observation(cell, blocked, goal)))
+    return moves
+
+
+def warmup_messages(start: Cell, goal: Cell, rng: random.Random) -> list[dict[str, Any]]:
+    """A warm-up dialogue as chat messages: user question, then (move call, tool result) pairs, then "Done." when the
+    walk reached the goal (a walk that gave up just ends)."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": question(start, goal)}]
+    moves = random_walk(start, goal, rng)
+    for direction, obs in moves:
+        call = {"type": "function", "function": {"name": "move", "arguments": {"direction": direction}}}
+        messages += [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "move", "content": obs},
+        ]
+    if moves and moves[-1][1].endswith("goal"):
+        messages.append({"role": "assistant", "content": FINAL_ANSWER})
+    return messages

@@ -1,0 +1,143 @@
+"""The grid task (`builtin:grid`, `GridEnv`, `builtin:tiny-grid`'s warm-up dialogues), without Ray or a model."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+
+import pytest
+
+from agentrl_ray import builtin_grid, builtin_model
+from agentrl_ray.chat_format import parse_tool_calls
+from agentrl_ray.config import DataConfig
+from agentrl_ray.data import load_rows
+from agentrl_ray.envs.base import load_env_class, tool_schemas
+from agentrl_ray.envs.grid import GridEnv
+from agentrl_ray.envs.host import EnvHost
+from agentrl_ray.tasks import grid
+
+
+def _env(start: str, goal: str) -> GridEnv:
+    env = GridEnv()
+    env.reset(prompt="", start=start, goal=goal)
+    return env
+
+
+def test_observations_follow_from_the_moves():
+    env = _env("0,0", "2,1")
+    assert [env.move(d) for d in ("west", "east", "north", "east")] == [
+        "blocked, at 0,0",
+        "at 1,0",
+        "at 1,1",
+        "at 2,1 goal",
+    ]
+    assert env.reward("Done.") == 1.0
+    assert env.move("east") == "at 3,1" and env.reward("Done.") == 0.0  # overshooting leaves the goal
+    # The same moves from the same start give the same observations: nothing hidden, nothing random.
+    again = _env("0,0", "2,1")
+    assert [again.move(d) for d in ("west", "east", "north", "east")] == [
+        "blocked, at 0,0",
+        "at 1,0",
+        "at 1,1",
+        "at 2,1 goal",
+    ]
+    corner = _env("4,4", "3,4")
+    assert corner.move("north") == "blocked, at 4,4" and corner.move("east") == "blocked, at 4,4"
+    assert corner.reward("") == 0.0
+
+
+def test_bad_rows_and_bad_moves_are_named():
+    with pytest.raises(ValueError, match="'start' and 'goal'"):
+        GridEnv().reset(prompt="x")
+    with pytest.raises(ValueError, match="goal '7,1' is off the 5 x 5 grid"):
+        GridEnv().reset(start="0,0", goal="7,1")
+    with pytest.raises(ValueError, match="start must be a cell"):
+        GridEnv().reset(start="a,b", goal="1,1")
+    with pytest.raises(ValueError, match="unknown direction 'up'"):
+        _env("1,1", "2,2").move("up")
+
+
+def test_bad_tool_calls_become_error_observations_and_the_walk_goes_on():
+    asyncio.run(_bad_tool_calls())
+
+
+async def _bad_tool_calls():
+    host = EnvHost()  # the env host's own code, in this process (tests/ray run it as an actor)
+    await host.create("k", "agentrl_ray.envs.grid:GridEnv", {}, {"prompt": "", "start": "1,1", "goal": "1,2"})
+    text = '<tool_call>\n{"name": "move", "arguments": {"direction": "up"}}\n</tool_call>'
+    parsed = parse_tool_calls(text)
+    (bad,) = await host.call_tools("k", parsed.calls, parsed.errors)
+    assert bad.error and bad.text.startswith("Error:") and "unknown direction 'up'" in bad.text
+    (unknown,) = await host.call_tools("k", parse_tool_calls(text.replace("move", "jump")).calls, [])
+    assert unknown.error and "jump" in unknown.text
+    good = parse_tool_calls(text.replace("up", "north"))
+    (ok,) = await host.call_tools("k", good.calls, good.errors)
+    assert not ok.error and ok.text == "at 1,2 goal"
+    assert await host.env_reward("k", "Done.") == 1.0
+    await host.close("k")
+
+
+def test_rows_are_deterministic_with_disjoint_splits_and_reachable_goals():
+    cfg = DataConfig(train="builtin:grid", eval="builtin:grid")
+    train = load_rows("builtin:grid", cfg, split="train", size=600)
+    evals = load_rows("builtin:grid", cfg, split="eval", size=100)
+    assert load_rows("builtin:grid", cfg, split="eval", size=100) == evals
+    assert grid.make_grid_rows(100, 1, "eval") != grid.make_grid_rows(100, 0, "eval")
+    pair = lambda r: (r["start"], r["goal"])  # noqa: E731
+    assert not {pair(r) for r in train} & {pair(r) for r in evals}
+    assert len({pair(r) for r in evals}) == len(grid.all_problems("eval"))  # 100 rows cycle through all 45 pairs
+    assert len({r["id"] for r in train + evals}) == len(train) + len(evals)
+    for row in train[:100] + evals:
+        sx, sy, gx, gy = map(
+            int, re.fullmatch(r"You are at (\d),(\d)\. Go to (\d),(\d)\.", row["prompt"][0]["content"]).groups()
+        )
+        assert (row["start"], row["goal"]) == (f"{sx},{sy}", f"{gx},{gy}")
+        assert grid.MIN_DISTANCE <= abs(sx - gx) + abs(sy - gy) <= grid.MAX_DISTANCE
+    with pytest.raises(ValueError, match="split"):
+        grid.make_grid_rows(3, 0, "test")
+
+
+def test_warmup_walks_are_random_stop_at_the_goal_and_match_the_env():
+    rng = random.Random(0)
+    first_moves, reached = [], 0
+    for start, goal in grid.sample_problems(2000, 0, "train"):
+        messages = grid.warmup_messages(start, goal, rng)
+        env = _env(*(f"{c[0]},{c[1]}" for c in (start, goal)))
+        calls = [m for m in messages if m.get("tool_calls")]
+        assert 1 <= len(calls) <= grid.MAX_MOVES
+        first_moves.append(calls[0]["tool_calls"][0]["function"]["arguments"]["direction"])
+        for call, result in zip(calls, [m for m in messages if m["role"] == "tool"]):
+            assert env.move(**call["tool_calls"][0]["function"]["arguments"]) == result["content"]
+        reached += messages[-1]["content"] == grid.FINAL_ANSWER
+        assert (messages[-1]["content"] == grid.FINAL_ANSWER) == (env.reward("") == 1.0)
+    assert {d: first_moves.count(d) for d in set(first_moves)}.keys() == {"north", "south", "east", "west"}
+    assert all(abs(first_moves.count(d) / 2000 - 0.25) < 0.04 for d in set(first_moves))
+    assert 0.15 < reached / 2000 < 0.4  # a random walk: the warm-started model starts low
+
+
+def test_warmup_ids_are_the_rendered_conversation_and_learn_only_assistant_turns():
+    """The warm-up assembles a dialogue like a rollout does (prompt, sampled turns, encoded tool results); those ids
+    must equal the chat template's rendering of the whole conversation, or the model learns a layout it never sees."""
+    from transformers import Qwen2Tokenizer
+
+    tools = builtin_grid.grid_tools()
+    assert tools == tool_schemas(load_env_class("agentrl_ray.envs.grid:GridEnv"))
+    recipe = builtin_model.GRID_RECIPE
+    texts, make_examples = builtin_grid.texts_and_examples(
+        builtin_model.Recipe(task="grid", sft_dialogues=300), tools, builtin_model.CHAT_TEMPLATE
+    )
+    tokenizer = builtin_model.train_tokenizer(recipe, texts)
+    assert isinstance(tokenizer, Qwen2Tokenizer)
+    rng = random.Random(3)
+    for start, goal in grid.sample_problems(20, 0, "train"):
+        messages = grid.warmup_messages(start, goal, rng)
+        ids, mask = builtin_grid.messages_example(tokenizer, tools, messages)
+        after_tool = messages[-1]["role"] == "tool"  # a walk that gave up: the rollout's next turn would follow
+        rendered = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=after_tool, tokenize=True, return_dict=False
+        )
+        assert ids == list(rendered)[: len(ids)]
+        learned = tokenizer.decode([i for i, m in zip(ids, mask) if m])
+        assert "move" in learned and "at " not in learned  # calls are learned, observations are not
+    assert len(make_examples(tokenizer)) == 300
