@@ -16,6 +16,9 @@
 The folder lives under `$AGENTRL_CACHE/models/` (default `~/.cache/agentrl_ray/models/`), named by a hash of the
 recipe, so changing the recipe (or the calculator's tool schema, which the system prompt shows) builds a new one.
 It is built in a temporary folder and renamed into place under a file lock: concurrent callers build it once.
+
+`builtin:tiny-grid` (GRID_RECIPE) is the same shape and layout with its tokenizer and warm-up taken from the grid
+task's random walks instead (`builtin_grid.py`, `examples/grid`).
 """
 
 from __future__ import annotations

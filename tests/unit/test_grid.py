@@ -141,3 +141,21 @@ def test_warmup_ids_are_the_rendered_conversation_and_learn_only_assistant_turns
         learned = tokenizer.decode([i for i, m in zip(ids, mask) if m])
         assert "move" in learned and "at " not in learned  # calls are learned, observations are not
     assert len(make_examples(tokenizer)) == 300
+
+
+def test_the_calculator_models_keep_their_cache_folders_and_the_grid_model_gets_its_own():
+    """The recipe's `task` field stays out of the calculator recipes' hash: adding it rebuilt no cached model."""
+    import dataclasses
+    import hashlib
+    import json
+
+    tools = builtin_model.calculator_tools()
+    for recipe in (builtin_model.RECIPE, builtin_model.SMALL_RECIPE):
+        fields = {k: v for k, v in dataclasses.asdict(recipe).items() if k != "task"}
+        blob = {"version": builtin_model.RECIPE_VERSION, "recipe": fields, "template": builtin_model.CHAT_TEMPLATE}
+        old = hashlib.sha256(json.dumps({**blob, "tools": tools}, sort_keys=True).encode()).hexdigest()[:12]
+        assert builtin_model.recipe_hash(recipe, tools) == old
+    grid_recipe = dataclasses.replace(
+        builtin_model.GRID_RECIPE, **{k: getattr(builtin_model.RECIPE, k) for k in ("sft_steps", "sft_batch")}
+    )
+    assert builtin_model.recipe_hash(grid_recipe, tools) != builtin_model.recipe_hash(builtin_model.RECIPE, tools)
