@@ -181,7 +181,8 @@ def tables(
         for norm, d in norms.items():
             c = curve(d)
             lines.append(f"| {norm} | {c[-1]['eval/success']:.3f} | {auc(d):.3f} | {ce(c, 0)} → {ce(c, -1)} |")
-    lines += ["", f"Chosen λ = {best:g} (best mean held-out success over the run in the sweep).", ""]
+    why = "best mean held-out success over the run in the sweep" if best in sweep else "no sweep run finished yet"
+    lines += ["", f"Chosen λ = {best:g} ({why}).", ""]
     grpo = runs.get(0.0, [])
     if not grpo:
         return lines
@@ -322,6 +323,7 @@ def main() -> None:
     pairs = [(c, s) for s in args.seeds for c in (0.0, best)]
     dirs = [(c, run(c, s)) for c, s in pairs]
     runs = {c: [d for c2, d in dirs if c2 == c and done(d)] for c in (0.0, best)}
+    runs = {c: ds for c, ds in runs.items() if ds}  # --report-only on an unfinished experiment
     report(exp, runs, sweep, norms, best)
 
 
