@@ -74,7 +74,11 @@ def _check_full_model_run(overrides, builtin_model_path, tmp_path, name) -> Path
 
 def test_one_gpu_colocated(local_ray, builtin_model_path, tmp_path):
     _check_full_model_run(
-        ["placement.mode=colocated", "learner.num_workers=1"], builtin_model_path, tmp_path, "colocated"
+        # NCCL cannot put two ranks of one group on the same GPU: colocated weights go through the object store.
+        ["placement.mode=colocated", "learner.num_workers=1", "sync.transport=object_store"],
+        builtin_model_path,
+        tmp_path,
+        "colocated",
     )
 
 
@@ -99,7 +103,7 @@ def test_zero3_two_gpus(local_ray, builtin_model_path, tmp_path):
             "learner.backend=deepspeed",
             "learner.zero_stage=3",
             "learner.deepspeed_config.zero_optimization.stage3_param_persistence_threshold=0",
-            "sync.transport=collective",
+            "sync.transport=object_store",  # colocated: the engine shares rank 0's GPU (see test_one_gpu_colocated)
         ],
         builtin_model_path,
         tmp_path,
@@ -118,7 +122,8 @@ def test_lora_adapter_sync(local_ray, builtin_model_path, tmp_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(builtin_model_path)
-    overrides = ["profile=lora", "learner.use_gpu=true", "learner.lora.r=4", "placement.mode=colocated"]
+    overrides = ["profile=lora", "learner.use_gpu=true", "rollout.use_gpu=true", "learner.lora.r=4"]
+    overrides += ["placement.mode=colocated"]
     cfg, metrics, pool = _train_and_keep_engines(overrides, builtin_model_path, tmp_path, "lora")
     try:
         adapter = cfg.run_dir / "checkpoint_000002" / "adapter"
