@@ -10,8 +10,8 @@
 # Then, exactly as a user would:
 #   ray up     - rsyncs this checkout to ~/agentrl_ray on the host, runs the YAML's setup_commands there (a venv,
 #                pip install of the package with its cpu extra: torch, vLLM, Ray, ...), starts the Ray head;
-#   ray job submit - trains 2 steps of the default task on that cluster (token auth: the token comes back with
-#                `ray rsync-down`, as the YAML's header says);
+#   ray job submit - trains 2 steps of the default task on that cluster (token auth: the client's token, which
+#                `ray up` copied to the host, as the YAML's header says);
 #   ray down   - stops Ray on the host.
 # Running Ray as another user also keeps the YAML's `ray stop` away from anyone else's Ray on this machine (a
 # user cannot signal another user's processes).
@@ -73,12 +73,15 @@ EOF
 diff <(python -c "import yaml,sys; print(yaml.safe_dump(yaml.safe_load(open('$repo/clusters/local.yaml')), sort_keys=False))") \
   "$work/local.yaml" || true
 
+# The client side ("your laptop"): a home of its own, so the token `ray get-auth-token --generate` writes there (and
+# that `ray up` copies to the host, file_mounts) is this cluster's only, not this machine's ~/.ray/auth_token.
+export HOME=$work/laptop RAY_AUTH_MODE=token
+mkdir -p "$HOME"
+"$ray_bin" get-auth-token --generate > /dev/null
 cd "$repo"
-export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$work/auth_token
 log "ray up"
 up=1
 time "$ray_bin" up -y --no-config-cache "$work/local.yaml"
-"$ray_bin" rsync-down "$work/local.yaml" "$home/.ray/auth_token" "$work/auth_token"
 log "ray job submit"
 time "$ray_bin" job submit --address http://127.0.0.1:8265 --working-dir . -- \
   "$home/agentrl_venv/bin/agentrl-ray" train examples/calculator/config.yaml \

@@ -55,9 +55,12 @@ def test_aws_workers_are_up_when_a_run_starts():
     assert "run.storage_path=s3://" in AWS.read_text()  # the documented job writes to shared storage
 
 
-def test_aws_nodes_share_the_ray_token_and_require_it():
-    config = _aws()
-    assert config["file_mounts"]["/home/ubuntu/.ray/auth_token"] == "~/.ray/auth_token"
+@pytest.mark.parametrize("path", CLUSTERS, ids=[p.name for p in CLUSTERS])
+def test_nodes_share_the_ray_token_and_require_it(path):
+    """Ray 2.60's `ray start --head` alone leaves token auth off: every node gets the client's token and starts
+    with RAY_AUTH_MODE=token."""
+    config = yaml.safe_load(path.read_text())
+    assert [k for k, v in config["file_mounts"].items() if v == "~/.ray/auth_token"] != []
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         start = [c for c in config[key] if "ray start" in c]
         assert start and all("RAY_AUTH_MODE=token" in c for c in start), key
