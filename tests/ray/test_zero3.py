@@ -1,5 +1,6 @@
 """DeepSpeed ZeRO-3 on CPU: two learner ranks over gloo, every parameter really partitioned
-(`stage3_param_persistence_threshold=0`, through `learner.deepspeed_config`), a partitioned KL reference (beta > 0).
+(`stage3_param_persistence_threshold=0`, through `learner.deepspeed_config`), a partitioned KL reference (beta > 0),
+gradient checkpointing on.
 
 One run of 2 steps (collective weight sync), then a resume to step 3 (object-store sync), each with engines the test
 keeps so it can compare them with what the learner saved:
@@ -32,6 +33,7 @@ ZERO3 = [
     "learner.num_workers=2",
     "learner.deepspeed_config.zero_optimization.stage3_param_persistence_threshold=0",
     "algorithm.beta=0.01",
+    "learner.gradient_checkpointing=true",
     "rollout.prompts_per_step=4",
     "rollout.group_size=4",
     "data.train_size=64",
