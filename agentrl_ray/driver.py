@@ -90,8 +90,9 @@ def place(cfg: Config, model_path: str):
     return plan, reserve(plan, cfg.placement.timeout_s, name=f"agentrl-{cfg.run.name}-rollout"), storage
 
 
-def train(cfg: Config) -> dict[str, Any]:
-    """Run training end to end; returns the last reported metrics."""
+def train(cfg: Config, pool=None) -> dict[str, Any]:
+    """Run training end to end; returns the last reported metrics. `pool`: a RolloutPool to train with instead of
+    new engines (tests inspect the engines afterwards); its owner shuts it down."""
     check_run_dir(cfg)
     model_path = resolve_model(cfg.model.path)
     train_rows = load_rows(cfg.data.train, cfg.data, split="train", size=cfg.data.train_size)
@@ -110,8 +111,9 @@ def train(cfg: Config) -> dict[str, Any]:
 
     plan, placed, storage = place(cfg, model_path)
     threads = ThreadPolicy.of(cfg)  # the CPU/overlap policy of every actor, with the plan's counts
+    own_pool = pool is None
     try:
-        pool = RolloutPool.create(cfg, model_path, threads, placed)
+        pool = RolloutPool.create(cfg, model_path, threads, placed) if own_pool else pool
     except BaseException:
         placed.release()
         raise
@@ -139,7 +141,8 @@ def train(cfg: Config) -> dict[str, Any]:
         )
         result = trainer.fit()
     finally:
-        pool.shutdown()
+        if own_pool:
+            pool.shutdown()
         placed.release()
         ray.kill(metrics_log.actor)
     if cfg.run.plot and (cfg.run_dir / "metrics.jsonl").exists():

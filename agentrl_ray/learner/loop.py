@@ -87,30 +87,52 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
 
 
 def evaluate(
-    feed: RolloutFeed, policy: Policy, rows: list[dict[str, Any]], cfg: Config, seed: int, pad_id: int
+    feed: RolloutFeed | None, policy: Policy, rows: list[dict[str, Any]], cfg: Config, seed: int, pad_id: int
 ) -> dict:
-    """Held-out success (sampled at rollout.eval_temperature) and the ECHO held-out environment-token CE."""
-    groups = feed.evaluation(rows, seed)
-    trajs = [t for g in groups for t in g.trajectories]
-    rewards = [t.reward for t in trajs]
-    out = {
-        "eval/success": sum(r >= cfg.run.success_threshold for r in rewards) / len(rewards),
-        "eval/reward": sum(rewards) / len(rewards),
-        "eval/tool_call_rate": sum(t.num_tool_calls > 0 for t in trajs) / len(trajs),
-    }
-    batch = build_batch(groups, cfg.algorithm, pad_id, cfg.rollout.max_total_tokens)
-    if batch.env_mask.sum() > 0 and not (cfg.learner.backend == "deepspeed" and cfg.learner.zero_stage == 3):
-        nll, count = 0.0, 0.0
-        with torch.no_grad():
-            for mb, _ in micro_batches(batch, math.ceil(len(batch) / cfg.learner.micro_batch_size)):
-                mb = mb.to(policy.device)
-                with policy.autocast():
-                    logits = policy.module(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-                logprobs, _ = token_logprobs_and_entropy(logits, mb.input_ids, False)
-                nll -= float((logprobs * mb.env_mask).sum())
-                count += float(mb.env_mask.sum())
-        out["eval/env_token_ce"] = nll / count
+    """Held-out success (sampled at rollout.eval_temperature) and the ECHO held-out environment-token CE.
+
+    Every rank calls it: rank 0 samples (`feed` is rank 0's) and returns the metrics (the others return {}); the
+    groups then go to every rank and each computes the CE on its shard (a forward under ZeRO-3 needs every rank)."""
+    import ray.train
+
+    rank, world = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
+    out: dict[str, float] = {}
+    groups = None
+    if rank == 0:
+        groups = feed.evaluation(rows, seed)
+        trajs = [t for g in groups for t in g.trajectories]
+        rewards = [t.reward for t in trajs]
+        out = {
+            "eval/success": sum(r >= cfg.run.success_threshold for r in rewards) / len(rewards),
+            "eval/reward": sum(rewards) / len(rewards),
+            "eval/tool_call_rate": sum(t.num_tool_calls > 0 for t in trajs) / len(trajs),
+        }
+    ce = env_token_ce(policy, broadcast_groups(groups, world), cfg, pad_id, rank, world)
+    if ce is not None and rank == 0:
+        out["eval/env_token_ce"] = ce
     return out
+
+
+@torch.no_grad()
+def env_token_ce(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, pad_id: int, rank: int, world: int):
+    """Mean cross-entropy of the policy on environment (tool-output) tokens, sharded over the ranks (each runs the
+    same number of forwards); None when the groups hold no environment token."""
+    batch = build_batch(groups, cfg.algorithm, pad_id, cfg.rollout.max_total_tokens)
+    if batch.env_mask.sum() == 0:
+        return None
+    mine = shard(batch, rank, world)
+    n_micro = math.ceil(max(len(shard(batch, r, world)) for r in range(world)) / cfg.learner.micro_batch_size)
+    sums = torch.zeros(2, dtype=torch.float64)  # (negative log-likelihood, token count)
+    for mb, weight in micro_batches(mine, n_micro):
+        mb = mb.to(policy.device)
+        with policy.autocast():
+            logits = policy.module(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits  # (b, t, V)
+        logprobs, _ = token_logprobs_and_entropy(logits, mb.input_ids, False)
+        sums[0] -= weight * float((logprobs * mb.env_mask).sum())
+        sums[1] += weight * float(mb.env_mask.sum())
+    if world > 1:
+        dist.all_reduce(sums)
+    return float(sums[0] / sums[1])
 
 
 def rollout_metrics(groups: list[TrajectoryGroup], cfg: Config, version: int | None = None) -> dict[str, float]:
@@ -196,10 +218,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         feed = RolloutFeed(pool, sender, sampler, cfg)
         log = config["log"]  # outputs.LogClient: records go to the driver's node (storage.py)
         log.truncate_after(start)
-        if start > 0:  # the rollout engines restarted from the base model: give them the checkpoint's weights
-            sender.push(policy.named_tensors_for_sync(), start)
-        elif cfg.run.eval_at_start:
-            m = evaluate(feed, policy, config["eval_rows"], cfg, seed=-1, pad_id=pad_id)
+    # Weights are read on every rank (a collective gather under ZeRO-3); rank 0 pushes them. So do evaluations.
+    if start > 0:  # the rollout engines restarted from the base model: give them the checkpoint's weights
+        named = policy.named_tensors_for_sync()
+        if rank == 0:
+            sender.push(named, start)
+    elif cfg.run.eval_at_start:
+        m = evaluate(feed, policy, config["eval_rows"], cfg, seed=-1, pad_id=pad_id)
+        if rank == 0:
             log.log(0, {**m, "samples": 0})
             print(f"step    0/{cfg.run.steps} | eval success {m['eval/success']:.3f} (before training)", flush=True)
     for step in range(start, cfg.run.steps):
@@ -214,25 +240,29 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if groups:
             metrics.update(update(policy, groups, cfg, step, pad_id))
         t_learn = time.perf_counter() - t0
-        # sync: rank 0 pushes the new weights to every engine
-        t_wait = t_sync = 0.0
+        # sync: every rank reads the weights (the ZeRO-3 gather, counted as sync time), rank 0 pushes them
+        t0 = time.perf_counter()
+        named = policy.named_tensors_for_sync()
+        t_wait, t_sync = 0.0, time.perf_counter() - t0
         if rank == 0:
-            t_wait, t_sync = sync_weights(feed, sender, policy, step + 1)
-        # log, evaluate, checkpoint
+            t_wait, t_push = sync_weights(feed, sender, named, step + 1)
+            t_sync += t_push
+        del named
+        # log, evaluate (every rank), checkpoint
         done = step + 1
         samples += sum(len(g.trajectories) for g in groups)
         metrics.update(
             samples=samples, **_phase_times(timings, t_rollout + t_wait, t_learn, t_sync, time.perf_counter() - t_step)
         )
         metrics.update(stats)  # e.g. rollout/groups_sampled
+        if (cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == cfg.run.steps:
+            metrics.update(evaluate(feed, policy, config["eval_rows"], cfg, seed=-1 - done, pad_id=pad_id))
         if rank == 0:
             metrics.update(
                 rollout_metrics(groups, cfg, version=step)
                 if groups
                 else {"reward/mean": 0.0, "rollout/success": 0.0, "rollout/sampled_tokens": 0}
             )
-            if (cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == cfg.run.steps:
-                metrics.update(evaluate(feed, policy, config["eval_rows"], cfg, seed=-1 - done, pad_id=pad_id))
             log.log(done, metrics)
             log.print_step(done, metrics)
         if (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0) or done == cfg.run.steps:
@@ -244,12 +274,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         log.close()
 
 
-def sync_weights(feed: RolloutFeed, sender, policy: Policy, version: int) -> tuple[float, float]:
+def sync_weights(feed: RolloutFeed, sender, named: list[tuple[str, torch.Tensor]], version: int) -> tuple[float, float]:
     """Send weights `version` to every engine, after the batch in flight (if any) is back. Returns the seconds
     spent (waiting for that batch, pushing)."""
     wait = feed.settle()
     t0 = time.perf_counter()
-    sender.push(policy.named_tensors_for_sync(), version)
+    sender.push(named, version)
     return wait, time.perf_counter() - t0
 
 

@@ -1,7 +1,7 @@
 """The trainable policy inside one Ray Train worker: model, optional LoRA, DDP or DeepSpeed, optimizer.
 
-The only module that imports DeepSpeed. `Policy` hides the wrapper behind five verbs the loop needs:
-`logits`, `backward`, `step`, `named_tensors_for_sync` and `save`/`load`.
+`Policy` hides the wrapper behind five verbs the loop needs: `logits`, `backward`, `step`, `named_tensors_for_sync`
+and `save`/`load`. DeepSpeed details (its config, ZeRO-3's partitioned build and gathers) live in `zero.py`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from agentrl_ray.config import LearnerConfig, ModelConfig
+from agentrl_ray.learner import zero
 from agentrl_ray.sync.packing import load_safetensors_folder
 
 TRAINER_STATE = "trainer_state.pt"
@@ -33,15 +34,24 @@ def lora_tensors(peft_model) -> list[tuple[str, torch.Tensor]]:
 
 class Policy:
     def __init__(self, model_path: str, model_cfg: ModelConfig, cfg: LearnerConfig, *, need_reference: bool) -> None:
+        import ray.train
         import ray.train.torch
         from transformers import AutoModelForCausalLM
 
         self.cfg = cfg
         self.device = ray.train.torch.get_device() if cfg.use_gpu else torch.device("cpu")
+        self.rank = ray.train.get_context().get_world_rank()
         self.world_size = ray.train.get_context().get_world_size()
+        self.ds_config = zero.deepspeed_config(cfg) if cfg.backend == "deepspeed" else None
+        # ZeRO-3: from_pretrained builds the model inside zero.Init and loads the checkpoint into the partitions
+        # while this object lives (no rank ever holds the whole model); it must outlive the reference model too.
+        self.partitioned = cfg.backend == "deepspeed" and cfg.zero_stage == 3
+        self._zero3_init = zero.partitioned_init(self.ds_config) if self.partitioned else None
         # Master weights stay float32 on CPU; on GPU DeepSpeed's bf16 mode keeps fp32 masters itself.
         load_dtype = torch.float32 if not cfg.use_gpu else getattr(torch, model_cfg.dtype)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype)
+        if cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         self.reference = None
         if cfg.lora.enabled:
             from peft import LoraConfig, get_peft_model
@@ -61,14 +71,19 @@ class Policy:
         else:
             self.lora_scaling = None
             if need_reference:
-                # Full fine-tuning: the KL reference is a frozen copy. (LoRA disables the adapter instead.)
-                self.reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype).to(self.device)
-                self.reference.eval().requires_grad_(False)
-        self.module = model.to(self.device)
+                # Full fine-tuning: the KL reference is a frozen copy (partitioned too under ZeRO-3, in an engine
+                # without optimizer). LoRA disables the adapter instead.
+                reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype)
+                reference.eval().requires_grad_(False)
+                if self.partitioned:
+                    reference = zero.initialize(reference, None, self.ds_config)[0]
+                self.reference = reference if self.partitioned else reference.to(self.device)
+        self.module = model if self.partitioned else model.to(self.device)  # ZeRO-3: DeepSpeed places partitions
         self.module.config.use_cache = False
         params = [p for p in self.module.parameters() if p.requires_grad]
-        if cfg.backend == "deepspeed":
-            self._init_deepspeed(params)
+        if self.ds_config is not None:
+            self.engine, self.optimizer = zero.initialize(self.module, params, self.ds_config)
+            self.wrapped = self.engine
         else:
             self._init_ddp(params)
 
@@ -85,28 +100,6 @@ class Policy:
             )
         else:
             self.wrapped = self.module
-
-    def _init_deepspeed(self, params: list[torch.nn.Parameter]) -> None:
-        import deepspeed
-
-        ds_config: dict[str, Any] = {
-            "train_micro_batch_size_per_gpu": self.cfg.micro_batch_size,
-            "gradient_accumulation_steps": 1,  # accumulation is driven by hand (see backward)
-            "gradient_clipping": self.cfg.max_grad_norm,
-            "zero_optimization": {"stage": self.cfg.zero_stage},
-            "optimizer": {
-                "type": "AdamW",
-                "params": {"lr": self.cfg.lr, "betas": list(self.cfg.betas), "weight_decay": self.cfg.weight_decay},
-            },
-            "bf16": {"enabled": self.cfg.use_gpu},
-            "steps_per_print": 10**9,
-        }
-        if not self.cfg.use_gpu:
-            ds_config["zero_optimization"]["stage"] = min(self.cfg.zero_stage, 2)
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=self.module, model_parameters=params, config=ds_config
-        )
-        self.wrapped = self.engine
 
     # ---------------------------------------------------------------- compute
 
@@ -159,28 +152,57 @@ class Policy:
 
     # ---------------------------------------------------------------- weights
 
+    def full_named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """The whole model's tensors (Hugging Face names) on rank 0, [] on the others. Under ZeRO-3 a collective:
+        every rank must call it (the gather runs in bounded groups, `zero.gathered_named_tensors`)."""
+        if not self.partitioned:
+            return [(n, t.detach().cpu()) for n, t in self.module.state_dict().items()] if self.rank == 0 else []
+        named = zero.gathered_named_tensors(self.module)
+        if self.rank == 0:
+            return list(named)
+        for _ in named:  # take part in every group's gather, keep nothing
+            pass
+        return []
+
     def named_tensors_for_sync(self) -> list[tuple[str, torch.Tensor]]:
-        """Hugging Face parameter names (what vLLM's loader expects); LoRA: only the A/B tensors."""
+        """What rank 0 pushes to the engines: the full weights, or with LoRA only the A/B tensors; [] on the other
+        ranks. Every rank must call it (a collective under ZeRO-3)."""
         if self.lora_scaling is not None:
-            return lora_tensors(self.module)
-        return [(n, t.detach().cpu()) for n, t in self.module.state_dict().items()]
+            return lora_tensors(self.module) if self.rank == 0 else []
+        return self.full_named_tensors()
 
     def save(self, path: Path, extra_state: dict[str, Any], tokenizer) -> None:
-        """HF-format model (or LoRA adapter) + tokenizer + optimizer/trainer state, into `path`."""
+        """HF-format model (or LoRA adapter) + tokenizer + optimizer/trainer state, into `path`. Every rank calls it:
+        DeepSpeed writes each rank's partitions, and under ZeRO-3 the HF weights are gathered from every rank."""
         path.mkdir(parents=True, exist_ok=True)
         if self.engine is not None:
             self.engine.save_checkpoint(str(path / "deepspeed"), tag=DEEPSPEED_TAG)
-        if extra_state.get("rank", 0) != 0:
+        hf_dir = path / ("adapter" if self.lora_scaling is not None else "model")
+        if self.partitioned:
+            # Gathered full tensors in the training dtype (bf16 on GPU, float32 on CPU): the module's own are empty.
+            weights = dict(self.full_named_tensors())
+            if self.rank == 0:
+                self.module.save_pretrained(hf_dir, state_dict=weights)
+        elif self.rank == 0:
+            self.module.save_pretrained(hf_dir)
+        if self.rank != 0:
             return
-        self.module.save_pretrained(path / ("adapter" if self.lora_scaling is not None else "model"))
-        tokenizer.save_pretrained(path / ("adapter" if self.lora_scaling is not None else "model"))
+        tokenizer.save_pretrained(hf_dir)
         state = dict(extra_state)
         if self.engine is None:
             state["optimizer"] = self.optimizer.state_dict()
         torch.save(state, path / TRAINER_STATE)
 
     def load(self, path: Path) -> dict[str, Any]:
+        """Resume. DeepSpeed: its own checkpoint restores weights and optimizer partitions together, on the same
+        number of ranks (the HF folder is the export, not the resume state). DDP/LoRA: the HF folder + the optimizer
+        state in the trainer state."""
         state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+        if self.engine is not None:
+            load_dir, _ = self.engine.load_checkpoint(str(path / "deepspeed"), tag=DEEPSPEED_TAG)
+            if load_dir is None:
+                raise RuntimeError(f"checkpoint {path} holds no DeepSpeed state under deepspeed/{DEEPSPEED_TAG}")
+            return state
         if self.lora_scaling is not None:
             from peft import set_peft_model_state_dict
             from safetensors.torch import load_file
@@ -193,8 +215,16 @@ class Policy:
                 raise RuntimeError(
                     f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}"
                 )
-        if self.engine is not None:
-            self.engine.load_checkpoint(str(path / "deepspeed"), tag=DEEPSPEED_TAG, load_module_strict=False)
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(state["optimizer"])
         return state
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Hugging Face checkpointing, non-reentrant (works under DDP, DeepSpeed and with frozen LoRA bases without
+    `enable_input_require_grads`). HF checkpoints only in train mode, so the model is put there, with dropout
+    disabled: the learner must compute the same log-probabilities as the engine that sampled."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
