@@ -116,7 +116,7 @@ class RolloutWorker:
                 # What TRL's GRPOTrainer also passes: each completion's token ids (tool results included) and the
                 # training progress (the weights version is the number of optimizer steps taken).
                 completion_ids=[e.ids[e.prompt_len :] for e in episodes],
-                trainer_state=RewardState(global_step=self.version),
+                trainer_state=RewardState(global_step=self.weights.version),
             )
             timings.reward_s += time.perf_counter() - t0
         finally:
