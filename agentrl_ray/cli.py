@@ -5,6 +5,9 @@
     agentrl-ray config --help                                  list every config key: type, default, description
     agentrl-ray plan [CONFIG.yaml] [overrides] [--nodes JSON]  print the placement plan (which actor on which node)
     agentrl-ray build-model                                    build and cache the built-in default model
+    agentrl-ray traces convert SRC --format sft|kto|preference|grpo --out DIR   rollouts/logs -> HF datasets
+    agentrl-ray sft SRC --model builtin:tiny --out DIR         supervised warm start on trace conversations
+    agentrl-ray doctor                                         hardware found, and what each profile would run
 
 Examples (CPU, default task):     agentrl-ray train examples/calculator/config.yaml
   one GPU:                        agentrl-ray train examples/calculator/config.yaml profile=gpu
@@ -20,8 +23,9 @@ import json
 import logging
 import sys
 
-from agentrl_ray import config_help
+from agentrl_ray import config_help, sft
 from agentrl_ray.config import BUILTIN_MODELS, ConfigError, load_config
+from agentrl_ray.traces import cli as traces_cli
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     build = sub.add_parser("build-model", help="build and cache a built-in model (default: the tiny default model)")
     build.add_argument("--size", default="tiny", choices=BUILTIN_MODELS, help="small: ~25M parameters")
+    traces_cli.add_parsers(sub)
+    sft.add_parser(sub)
+    doctor = sub.add_parser("doctor", help="print the hardware found and what each profile would run")
+    doctor.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value", help="optional config and overrides")
     return p
 
 
@@ -72,6 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config" and args.help:
         print(config_help.render())
         return 0
+    if args.command == "traces":
+        return traces_cli.run(args)
+    if args.command == "sft":
+        return sft.run(args)
+    if args.command == "doctor":
+        from agentrl_ray.doctor import main as doctor_main
+
+        return doctor_main(*_split(args.args))
     path, overrides = _split(args.args)
     try:
         cfg = load_config(path, overrides)

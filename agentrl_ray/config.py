@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 
 from agentrl_ray.profiles import profile_preset, resolve_profile
+from agentrl_ray.stability import STABILITY, stability_preset
 
 BUILTIN_MODELS = ("tiny", "small", "tiny-grid")  # the sizes of builtin_model.RECIPES
 
@@ -232,6 +233,10 @@ class LearnerConfig:
     """AdamW betas."""
     warmup_steps: int = 0
     """Steps of linear learning-rate warm-up."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Decay of the learning rate after warm-up, over run.steps (learner/schedule.py)."""
+    min_lr_ratio: float = 0.0
+    """Floor of a linear/cosine decay, as a fraction of learner.lr."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm."""
     micro_batch_size: int = 32
@@ -317,6 +322,18 @@ class RunConfig:
     """Weights & Biases project."""
     plot: bool = True
     """Write reward_curve.png at the end."""
+    save_rollouts: int = 0
+    """Write every N-th step's rollouts to <run_dir>/rollouts/step_<step>.jsonl as OpenAI-style messages (0 = never)."""
+    save_rollouts_groups: int = 0
+    """At most this many groups per saved step (whole groups, so preference pairs survive); 0 = all."""
+    early_stopping_patience: int = 0
+    """Stop after this many evaluations without improvement of run.early_stopping_metric (0 = never stop early)."""
+    early_stopping_metric: str = "eval/success"
+    """Held-out metric watched by early stopping (an eval/ key of metrics.jsonl)."""
+    early_stopping_min_delta: float = 0.0
+    """An evaluation improves only when it beats the best so far by more than this."""
+    early_stopping_mode: Literal["max", "min"] = "max"
+    """max: higher is better (success, reward); min: lower is better (eval/env_token_ce)."""
 
 
 @dataclass
@@ -325,6 +342,8 @@ class Config:
 
     profile: Literal["auto", "cpu", "lora", "gpu"] = "auto"
     """Hardware preset under the YAML and overrides; auto picks gpu when CUDA devices are visible, else cpu."""
+    stability: Literal["conservative", "balanced", "aggressive"] = "balanced"
+    """Preset of learning rate, clipping, KL and batch size, layered over the profile (stability.py)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -473,7 +492,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     requested = user.get("profile", "auto")
     _check_value(requested, typing.get_type_hints(Config)["profile"], "profile")
     profile = resolve_profile(requested)
-    merged = deep_merge(profile_preset(profile), {**user, "profile": profile})
+    stability = user.get("stability", "balanced")
+    if stability not in STABILITY:
+        raise ConfigError(f"stability: {stability!r} is not one of {', '.join(STABILITY)}")
+    # Layers, later ones winning: defaults -> profile -> stability preset -> YAML -> overrides.
+    preset = profile_preset(profile)
+    preset = deep_merge(preset, stability_preset(stability, preset))
+    merged = deep_merge(preset, {**user, "profile": profile})
     cfg = _build(Config, merged)
     validate(cfg)
     # Relative to where the command runs (Ray Train workers run in another working directory), or to a stable
@@ -550,6 +575,18 @@ def validate(cfg: Config) -> None:
         "echo.schedule linear/step needs echo.decay_steps > 0",
     )
     need(lr.num_workers >= 0, "learner.num_workers must be >= 0 (0 = sized from the cluster's GPUs)")
+    need(0 <= lr.min_lr_ratio <= 1, "learner.min_lr_ratio must be in [0, 1]")
+    need(lr.warmup_steps >= 0, "learner.warmup_steps must be >= 0")
+    need(cfg.run.save_rollouts >= 0 and cfg.run.save_rollouts_groups >= 0, "run.save_rollouts* must be >= 0")
+    need(cfg.run.early_stopping_patience >= 0, "run.early_stopping_patience must be >= 0 (0 = off)")
+    need(
+        cfg.run.early_stopping_patience == 0 or cfg.run.early_stopping_metric.startswith("eval/"),
+        f"run.early_stopping_metric {cfg.run.early_stopping_metric!r} must be a held-out eval/ metric",
+    )
+    need(
+        cfg.run.early_stopping_patience == 0 or cfg.run.eval_every > 0,
+        "run.early_stopping_patience needs run.eval_every > 0: early stopping watches the periodic evaluations",
+    )
     need(lr.lr > 0, "learner.lr must be > 0")
     need(len(lr.betas) == 2, "learner.betas must hold two numbers")
     need(lr.micro_batch_size >= 1, "learner.micro_batch_size must be at least 1")

@@ -155,5 +155,8 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
         "checkpoint": result.checkpoint.path if result.checkpoint else None,
         **{k: v for k, v in metrics.items() if k.startswith("eval/")},
     }
+    stop = cfg.run_dir / "stop.json"  # learner/watch.py: why the run ended, health, early stopping
+    if stop.exists():
+        summary.update(json.loads(stop.read_text()))
     (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return metrics

@@ -106,6 +106,9 @@ def print_step(step: int, m: dict[str, Any], total_steps: int) -> None:
     )
     if "eval/success" in m:
         line += f" | eval success {m['eval/success']:.3f}"
+    if "health/level" in m:  # the verdict of health.HealthMonitor
+        line += f" | health {('ok', 'WARN', 'RED')[m['health/level']]}"
+        line += f": {m['health/reasons']}" if m["health/reasons"] else ""
     print(line, file=sys.stderr, flush=True)
 
 

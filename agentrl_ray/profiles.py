@@ -12,53 +12,16 @@ learner threads. Explicit profiles:
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Any
 
-from agentrl_ray.threads import node_cores
-
-
-@dataclass(frozen=True)
-class Hardware:
-    cpus: int
-    ram_gib: float
-    gpus: int
-
-    @property
-    def workstation(self) -> bool:
-        return self.gpus == 0 and self.cpus >= 8 and self.ram_gib >= 32
-
+from agentrl_ray.hardware import Hardware, detect_hardware
+from agentrl_ray.sizing import fit_cpu_requests
 
 # Real models with a real tool system prompt: the prompt alone (tool schemas + instructions) is often 300-1,000
 # tokens, and a tool-using answer several hundred more per turn.
 GPU_TOKEN_BUDGETS = {"max_tokens_per_turn": 1024, "max_total_tokens": 8192, "max_num_seqs": 256}
 
-
-def detect_hardware() -> Hardware:
-    cpus = node_cores()
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    except (ValueError, OSError):
-        ram = 0.0
-    return Hardware(cpus=cpus, ram_gib=ram, gpus=_count_gpus())
-
-
-def _count_gpus() -> int:
-    # Read CUDA_VISIBLE_DEVICES / nvidia-smi rather than initializing CUDA in the driver process.
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    import shutil
-    import subprocess
-
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+__all__ = ["Hardware", "detect_hardware", "profile_preset", "resolve_profile"]
 
 
 def resolve_profile(requested: str, hardware: Hardware | None = None) -> str:
@@ -69,8 +32,13 @@ def resolve_profile(requested: str, hardware: Hardware | None = None) -> str:
 
 
 def profile_preset(profile: str, hardware: Hardware | None = None) -> dict[str, Any]:
-    """Nested config values for a resolved profile (never 'auto')."""
+    """Nested config values for a resolved profile (never 'auto'), its Ray CPU requests sized to fit the node."""
+
     hardware = hardware or detect_hardware()
+    return fit_cpu_requests(_preset(profile, hardware), hardware.cpus)
+
+
+def _preset(profile: str, hardware: Hardware) -> dict[str, Any]:
     if profile == "cpu":
         preset: dict[str, Any] = {
             "model": {"dtype": "float32"},
@@ -78,9 +46,11 @@ def profile_preset(profile: str, hardware: Hardware | None = None) -> dict[str, 
             "sync": {"transport": "object_store"},
         }
         if hardware.workstation:
-            # Ryzen-class workstation: two rollout engines and more learner threads.
-            preset["rollout"] = {"num_workers": 2, "num_cpus_per_worker": 2.0}
-            preset["learner"].update(num_cpus_per_worker=4.0, torch_threads=max(2, hardware.cpus // 3))
+            # Ryzen-class workstation: two rollout engines (four from 32 cores, so each gets 8-16 threads; not
+            # measured on such a machine) and more learner threads. bf16 autocast only where the ISA computes it
+            # natively (AVX512_BF16 or AMX): elsewhere it is emulated.
+            preset["rollout"] = {"num_workers": 4 if hardware.cpus >= 32 else 2}
+            preset["learner"].update(torch_threads=max(2, hardware.cpus // 3), bf16=hardware.cpu.bf16)
         return preset
     if profile == "lora":
         gpu = hardware.gpus > 0
@@ -106,7 +76,6 @@ def profile_preset(profile: str, hardware: Hardware | None = None) -> dict[str, 
                 "num_workers": 0,
                 "use_gpu": True,
                 "enforce_eager": False,
-                "num_cpus_per_worker": 1.0,
                 **GPU_TOKEN_BUDGETS,
             },
             "env": {"num_actors": 0},  # one env host per engine, packed beside it
@@ -115,7 +84,6 @@ def profile_preset(profile: str, hardware: Hardware | None = None) -> dict[str, 
                 "zero_stage": 2,
                 "use_gpu": True,
                 "num_workers": 0,
-                "num_cpus_per_worker": 2.0,
                 "micro_batch_size": 4,
             },
             "sync": {"transport": "collective"},

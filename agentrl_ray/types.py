@@ -58,6 +58,10 @@ class Trajectory:
     num_tool_errors: int = 0
     num_steps: int = 0  # a turn-based environment's `step` calls
     num_step_errors: int = 0
+    # The conversation as structured chat messages (`messages.py`): the prompt as rendered (reset text included) and
+    # the completion, for reward functions and saved traces (`run.save_rollouts`).
+    prompt_messages: list[dict] = field(default_factory=list)
+    completion_messages: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

@@ -22,6 +22,8 @@ from agentrl_ray.config import Config
 from agentrl_ray.learner.batching import build_batch, micro_batches, shard
 from agentrl_ray.learner.feed import PromptSampler, RolloutFeed
 from agentrl_ray.learner.policy import TRAINER_STATE, Policy
+from agentrl_ray.learner.schedule import lr_at
+from agentrl_ray.learner.watch import RunWatch
 from agentrl_ray.sync.sender import make_sender
 from agentrl_ray.types import RolloutTimings, TrajectoryGroup
 
@@ -54,7 +56,14 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
         ]
     sums: dict[str, float] = {}
     t_opt = 0.0
-    lr = lc.lr * min(1.0, (step + 1) / lc.warmup_steps) if lc.warmup_steps else lc.lr
+    lr = lr_at(
+        step,
+        lc.lr,
+        lc.lr_schedule,
+        warmup_steps=lc.warmup_steps,
+        total_steps=cfg.run.steps,
+        min_lr_ratio=lc.min_lr_ratio,
+    )
     for _ in range(a.num_iterations):
         for i, (mb, weight) in enumerate(mbs):
             last = i == len(mbs) - 1
@@ -148,6 +157,7 @@ def rollout_metrics(groups: list[TrajectoryGroup], cfg: Config, version: int | N
         "rollout/tool_calls_per_traj": sum(t.num_tool_calls for t in trajs) / n,
         "rollout/tool_error_rate": sum(t.num_tool_errors for t in trajs) / max(1, sum(t.num_tool_calls for t in trajs)),
         "rollout/zero_variance_groups": sum(len(set(g.rewards)) == 1 for g in groups) / max(1, len(groups)),
+        "reward/group_std": sum(float(torch.tensor(g.rewards).std(correction=0)) for g in groups) / len(groups),
         "rollout/truncated": sum(t.finish_reason == "length" for t in trajs) / n,
     }
     steps = sum(t.num_steps for t in trajs)
@@ -163,7 +173,8 @@ def rollout_metrics(groups: list[TrajectoryGroup], cfg: Config, version: int | N
     return {**metrics, **parts}
 
 
-def broadcast_groups(groups: list[TrajectoryGroup] | None, world: int) -> list[TrajectoryGroup]:
+def broadcast_groups(groups: Any, world: int) -> Any:
+    """Rank 0's object (the step's groups, the stop decision) on every rank."""
     if world == 1:
         return groups
     box = [groups]
@@ -211,8 +222,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     state = restore(policy) or {"step": 0, "samples": 0}
     start, samples = state["step"], state["samples"]
     sampler = PromptSampler(config["train_rows"], cfg.rollout.prompts_per_step, cfg.run.seed)
-    log = feed = sender = None
+    log = feed = sender = watch = None
+    stop = None
     if rank == 0:
+        watch = RunWatch(cfg, config["train_rows"])
         sender = make_sender(cfg, policy.lora_scaling)
         sender.setup(pool.workers)
         feed = RolloutFeed(pool, sender, sampler, cfg)
@@ -263,14 +276,21 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 if groups
                 else {"reward/mean": 0.0, "rollout/success": 0.0, "rollout/sampled_tokens": 0}
             )
+            stop = watch.after_step(done, groups, metrics)
             log.log(done, metrics)
             log.print_step(done, metrics)
-        if (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0) or done == cfg.run.steps:
+        stop = broadcast_groups(stop, world)  # every rank stops at the same step
+        if (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0) or done == cfg.run.steps or stop:
             save_checkpoint(policy, tokenizer, {"step": done, "samples": samples}, rank, _scalars(metrics))
+        if stop:
+            if rank == 0:
+                feed.settle()  # the next step's batch, already sent out, is no longer wanted
+            break
         # No report on the other steps: Ray Train's controller takes one report per poll, at most every
         # RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s), from a queue of one, so a report every step held every step to
         # >= 2 s (docs/benchmarks.md). Per-step metrics go to metrics.jsonl, wandb and the console on rank 0.
     if rank == 0:
+        watch.finish(done if cfg.run.steps > start else start, stop)
         log.close()
 
 

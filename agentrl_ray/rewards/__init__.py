@@ -1,6 +1,6 @@
 """Reward functions (TRL's signature), measures turned into rewards, and their weighted combination.
 
-See `scoring` for how failures are reported and `measures` for per-sample `(passed, reason)` checks.
+See `scoring` for how failures are reported and `measures` for per-sample `{passed, score, reason}` checks.
 """
 
 from agentrl_ray.rewards.builtin import (
@@ -22,6 +22,7 @@ from agentrl_ray.rewards.measures import (
     no_malformed_tool_calls,
     split_samples,
     tool_calls_succeeded,
+    verdict,
 )
 from agentrl_ray.rewards.scoring import BUILTIN, RewardFunc, load_reward_functions, reward_name, score
 
@@ -47,4 +48,5 @@ __all__ = [
     "split_samples",
     "tool_calls_succeeded",
     "tool_success",
+    "verdict",
 ]

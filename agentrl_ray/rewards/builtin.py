@@ -1,9 +1,11 @@
 """Built-in reward functions, in TRL's signature: `fn(completions, **kwargs) -> list[float]`.
 
-`completions` holds one completion per sample in TRL's conversational format, a list of messages
-`{"role": "assistant" | "tool", "content": str}` (a plain string is read as a single assistant message);
-kwargs carry the dataset columns (one value per sample), `episode_stats` (one dict of counters per sample:
-finish_reason, num_tool_calls, num_tool_errors, num_steps, num_step_errors, num_tokens) and `env_rewards`.
+`completions` holds one completion per sample in the form TRL's tool loop builds (see `agentrl_ray.messages`):
+assistant messages whose tool calls are structured `tool_calls`, then one `{"role": "tool", "content": ...}`
+message per call. Older forms still work: a plain string is a single assistant message, and an assistant message
+whose content holds raw `<tool_call>` blocks is parsed. kwargs carry the dataset columns (one value per sample),
+`episode_stats` (one dict of counters per sample: finish_reason, num_tool_calls, num_tool_errors, num_steps,
+num_step_errors, num_tokens), `env_rewards`, and what TRL passes too: `prompts`, `completion_ids`, `trainer_state`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def messages_of(completion: Completion) -> list[dict[str, Any]]:
 def final_answer_text(completion: Completion) -> str | None:
     """The last assistant message, if it is a final answer (no tool calls in it); else None."""
     assistant = [m for m in messages_of(completion) if m["role"] == "assistant"]
-    if not assistant:
+    if not assistant or assistant[-1].get("tool_calls"):
         return None
     parsed = parse_tool_calls(assistant[-1]["content"] or "")
     # A last turn that still asks for a tool was cut off (turn or token limit): it answers nothing.
@@ -56,8 +58,9 @@ def answer_match(completions: list[Completion], answer: list[Any], **kwargs: Any
 def count_tool_calls(completion: Completion, stats: dict | None = None) -> tuple[int, int]:
     """(tool calls, failed tool calls) of one sample: from the rollout's counters when given, else its messages.
 
-    From messages, a call is a `<tool_call>` block (well-formed or not) and a failure is a tool message starting
-    with "Error:" (the env host's spelling of a failed call).
+    From messages, a call is an entry of `tool_calls` or a `<tool_call>` block in the content (well-formed or not),
+    and a failure is a tool message starting with "Error:" (the env host's spelling of a failed call) or holding
+    TRL's `{'error': ...}`.
     """
     if stats is not None:
         return stats["num_tool_calls"], stats["num_tool_errors"]
@@ -66,9 +69,17 @@ def count_tool_calls(completion: Completion, stats: dict | None = None) -> tuple
     for m in messages:
         if m["role"] == "assistant":
             parsed = parse_tool_calls(m["content"] or "")
-            calls += len(parsed.calls) + len(parsed.errors)
-    errors = sum(1 for m in messages if m["role"] == "tool" and str(m["content"]).startswith("Error:"))
+            structured = len(m.get("tool_calls") or [])
+            # Structured calls were taken out of the content, unless the turn also held a malformed one (then the
+            # raw text stays): count its parse errors, never its well-formed blocks twice.
+            calls += structured + len(parsed.errors) if structured else len(parsed.calls) + len(parsed.errors)
+    errors = sum(1 for m in messages if m["role"] == "tool" and _is_error(m["content"]))
     return calls, errors
+
+
+def _is_error(content: Any) -> bool:
+    text = str(content)
+    return text.startswith("Error:") or text.startswith("{'error':")
 
 
 def _per_sample(kwargs: dict[str, Any], key: str, n: int) -> list[Any]:

@@ -1,17 +1,20 @@
-"""Measures: per-sample checks that say whether a trajectory did something, and why not.
+"""Measures: per-sample checks that say whether a trajectory did something, how well, and why not.
 
-A measure is `fn(completion, **sample) -> (passed: bool, reason: str)`, where `sample` holds this sample's value
-of every dataset column plus `prompt`, `stats` and `env_reward` (the singular of the batch arguments). It is
-easier to write and to test than a batch reward function, and the reason makes a failure readable:
+A measure is `fn(completion, **sample) -> {"passed": bool, "score": float, "reason": str}`, where `sample` holds
+this sample's value of every dataset column plus `prompt`, `stats` and `env_reward` (the singular of the batch
+arguments). `score` in [0, 1] is partial credit (default: 1.0 if passed else 0.0); `reason` says what failed. The
+older `(passed, reason)` tuple is still accepted. A measure is easier to write and to test than a batch reward
+function, and the reason makes a failure readable:
 
     @measure_reward
     def cites_source(completion, source, **sample):
         text = final_answer_text(completion) or ""
-        return source in text, "" if source in text else f"answer does not mention {source!r}"
+        return {"passed": source in text, "reason": "" if source in text else f"answer does not mention {source!r}"}
 
-`as_reward(m1, m2, ..., partial=True)` turns several measures into one reward: the fraction passed (partial
-credit) or, with `partial=False`, 1.0 only when all pass. `reward.explain(completion, **sample)` lists each
-measure's verdict and reason, for debugging and for completion tables.
+`as_reward(m1, m2, ..., partial=True, pass_value=1.0, fail_value=0.0)` turns measures into one reward: each measure
+earns 1 when it passes and, with `partial`, its score when it fails (0 without); the reward is `fail_value` plus
+`(pass_value - fail_value)` times the mean credit, or with `partial=False` `pass_value` only when all pass.
+`reward.explain(completion, **sample)` lists each measure's verdict, for debugging and for completion tables.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 from agentrl_ray.chat_format import extract_final_answer, parse_tool_calls
 from agentrl_ray.rewards.builtin import Completion, count_tool_calls, final_answer_text, messages_of
 
-Measure = Callable[..., tuple[bool, str]]
+Measure = Callable[..., dict[str, Any] | tuple[bool, str]]
 
 # Batch arguments whose per-sample value is passed to a measure under its singular name.
 _SINGULAR = {"prompts": "prompt", "episode_stats": "stats", "env_rewards": "env_reward"}
@@ -42,28 +45,53 @@ def split_samples(n: int, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _verdict(measure: Measure, completion: Completion, sample: dict[str, Any]) -> tuple[bool, str]:
+def verdict(passed: bool, score: float | None = None, reason: str = "") -> dict[str, Any]:
+    """A measure's result; `score` (partial credit in [0, 1]) defaults to 1.0 if passed else 0.0."""
+    return {"passed": passed, "score": float(passed) if score is None else float(score), "reason": reason}
+
+
+def _verdict(measure: Measure, completion: Completion, sample: dict[str, Any]) -> dict[str, Any]:
     result = measure(completion, **sample)
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], bool)):
-        name = getattr(measure, "__name__", repr(measure))
-        raise TypeError(f"measure {name!r} must return (passed: bool, reason: str), got {result!r}")
-    return result
+    name = getattr(measure, "__name__", repr(measure))
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], bool):
+        return verdict(result[0], reason=str(result[1]))  # the older (passed, reason) form
+    if not (isinstance(result, dict) and isinstance(result.get("passed"), bool)):
+        raise TypeError(
+            f"measure {name!r} must return {{'passed': bool, 'score': float, 'reason': str}}, got {result!r}"
+        )
+    out = verdict(result["passed"], result.get("score"), str(result.get("reason", "")))
+    if not 0.0 <= out["score"] <= 1.0:
+        raise ValueError(f"measure {name!r} returned score {out['score']!r}, outside [0, 1]")
+    return out
 
 
-def as_reward(*measures: Measure, name: str | None = None, partial: bool = True) -> Callable[..., list[float]]:
-    """A TRL-signature reward from measures: fraction passed (`partial`) or 1.0 only if all pass."""
+def as_reward(
+    *measures: Measure,
+    name: str | None = None,
+    partial: bool = True,
+    pass_value: float = 1.0,
+    fail_value: float = 0.0,
+) -> Callable[..., list[float]]:
+    """A TRL-signature reward from measures (see the module docstring for how credit adds up)."""
     if not measures:
         raise ValueError("as_reward needs at least one measure")
+
+    def credit(v: dict[str, Any]) -> float:
+        return 1.0 if v["passed"] else (v["score"] if partial else 0.0)
 
     def reward(completions: list[Completion], **kwargs: Any) -> list[float]:
         out = []
         for completion, sample in zip(completions, split_samples(len(completions), kwargs), strict=True):
-            passed = sum(_verdict(m, completion, sample)[0] for m in measures)
-            out.append(passed / len(measures) if partial else float(passed == len(measures)))
+            verdicts = [_verdict(m, completion, sample) for m in measures]
+            if partial:
+                share = sum(credit(v) for v in verdicts) / len(verdicts)
+                out.append(fail_value + (pass_value - fail_value) * share)
+            else:
+                out.append(pass_value if all(v["passed"] for v in verdicts) else fail_value)
         return out
 
-    def explain(completion: Completion, **sample: Any) -> list[tuple[str, bool, str]]:
-        return [(m.__name__, *_verdict(m, completion, sample)) for m in measures]
+    def explain(completion: Completion, **sample: Any) -> list[dict[str, Any]]:
+        return [{"measure": m.__name__, **_verdict(m, completion, sample)} for m in measures]
 
     reward.__name__ = name or "+".join(m.__name__ for m in measures)
     reward.explain = explain  # type: ignore[attr-defined]
@@ -71,46 +99,49 @@ def as_reward(*measures: Measure, name: str | None = None, partial: bool = True)
 
 
 def measure_reward(measure: Measure) -> Callable[..., list[float]]:
-    """Decorator: one measure as a 1/0 reward function with the measure's name."""
+    """Decorator: one measure as a reward function with the measure's name (its score is the partial credit)."""
     return functools.update_wrapper(as_reward(measure, name=measure.__name__), measure)
 
 
 # ---------------------------------------------------------------- built-in measures
 
 
-def no_malformed_tool_calls(completion: Completion, **sample: Any) -> tuple[bool, str]:
-    """Every `<tool_call>` block of every assistant turn parsed."""
-    for turn, m in enumerate(x for x in messages_of(completion) if x["role"] == "assistant"):
-        errors = parse_tool_calls(m["content"] or "").errors
-        if errors:
-            return False, f"turn {turn}: {errors[0]}"
-    return True, ""
+def no_malformed_tool_calls(completion: Completion, **sample: Any) -> dict[str, Any]:
+    """Every tool-call block of every assistant turn parsed; score: the share of turns without a malformed one."""
+    turns = [x for x in messages_of(completion) if x["role"] == "assistant"]
+    bad = [(i, parse_tool_calls(m["content"] or "").errors) for i, m in enumerate(turns)]
+    bad = [(i, errors) for i, errors in bad if errors]
+    if not bad:
+        return verdict(True)
+    return verdict(False, 1 - len(bad) / len(turns), f"turn {bad[0][0]}: {bad[0][1][0]}")
 
 
-def ends_with_answer(completion: Completion, stats: dict | None = None, **sample: Any) -> tuple[bool, str]:
+def ends_with_answer(completion: Completion, stats: dict | None = None, **sample: Any) -> dict[str, Any]:
     """The last assistant turn is a non-empty final answer (no tool call), not cut off by the token limit."""
     if stats is not None and stats["finish_reason"] != "answer":
-        return False, f"episode ended by {stats['finish_reason']!r}, not by an answer"
+        return verdict(False, reason=f"episode ended by {stats['finish_reason']!r}, not by an answer")
     text = final_answer_text(completion)
     if text is None:
-        return False, "the last assistant turn calls a tool instead of answering"
+        return verdict(False, reason="the last assistant turn calls a tool instead of answering")
     if not text.strip():
-        return False, "the final answer is empty"
-    return True, ""
+        return verdict(False, reason="the final answer is empty")
+    return verdict(True)
 
 
-def answer_has_number(completion: Completion, **sample: Any) -> tuple[bool, str]:
+def answer_has_number(completion: Completion, **sample: Any) -> dict[str, Any]:
     """The final answer states a number."""
     text = final_answer_text(completion)
     if text is None or extract_final_answer(text) is None:
-        return False, "no number in the final answer"
-    return True, ""
+        return verdict(False, reason="no number in the final answer")
+    return verdict(True)
 
 
-def tool_calls_succeeded(completion: Completion, stats: dict | None = None, **sample: Any) -> tuple[bool, str]:
-    """No tool call of the episode failed (a sample without tool calls passes)."""
+def tool_calls_succeeded(completion: Completion, stats: dict | None = None, **sample: Any) -> dict[str, Any]:
+    """No tool call of the episode failed (a sample without tool calls passes); score: the share that succeeded."""
     calls, errors = count_tool_calls(completion, stats)
-    return errors == 0, "" if errors == 0 else f"{errors} of {calls} tool calls failed"
+    if errors == 0:
+        return verdict(True)
+    return verdict(False, (calls - errors) / calls if calls else 0.0, f"{errors} of {calls} tool calls failed")
 
 
 format_reward = as_reward(no_malformed_tool_calls, ends_with_answer, name="format", partial=True)

@@ -15,6 +15,7 @@ import math
 import numbers
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from agentrl_ray.envs.base import import_object
@@ -23,6 +24,14 @@ from agentrl_ray.rewards import builtin, measures
 logger = logging.getLogger(__name__)
 
 RewardFunc = Callable[..., list[float | None]]
+
+
+@dataclass
+class RewardState:
+    """The part of TRL's `trainer_state` that reward functions read for shaping over training."""
+
+    global_step: int
+
 
 BUILTIN: dict[str, RewardFunc] = {
     "answer_match": builtin.answer_match,  # final answer equals the `answer` column

@@ -23,6 +23,7 @@ import logging
 import time
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentrl_ray.chat_format import (
     Segment,
@@ -33,6 +34,7 @@ from agentrl_ray.chat_format import (
 )
 from agentrl_ray.config import RolloutConfig
 from agentrl_ray.envs.client import EnvClient
+from agentrl_ray.messages import assistant_message, tool_messages
 from agentrl_ray.rollout.engine import VLLMEngine
 from agentrl_ray.types import RolloutTimings, TokenRole
 
@@ -48,12 +50,13 @@ class Episode:
     prompt_len: int
     roles: list[TokenRole] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    messages: list[dict[str, str]] = field(default_factory=list)  # completion in TRL conversational format
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the completion as structured messages (messages.py)
     finish_reason: str = ""
     num_tool_calls: int = 0  # tool calls, well-formed or not
     num_tool_errors: int = 0  # tool calls that failed (the observation is an error)
     num_steps: int = 0  # turn-based environments: `step` calls
     num_step_errors: int = 0  # `step` calls that failed (the episode then ends with "error")
+    prompt_messages: list[dict[str, Any]] = field(default_factory=list)  # as rendered for the engine
 
     def __post_init__(self) -> None:
         self.roles = [TokenRole.PROMPT] * len(self.ids)
@@ -105,7 +108,10 @@ async def run_episodes(
             ep.append(gen.token_ids, TokenRole.ACTION, gen.logprobs)
             text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
             text = text.removesuffix(tokenizer.eos_token or "")
-            ep.messages.append({"role": "assistant", "content": text})
+            if turn_based:
+                ep.messages.append({"role": "assistant", "content": text})
+            else:
+                ep.messages.append(assistant_message(text, parse_tool_calls(text), turn))
             if gen.finish_reason == "length":
                 ep.finish_reason = "length"
             elif turn_based:
@@ -146,8 +152,7 @@ def _tool_request(ep: Episode, text: str, last_turn: bool) -> tuple | None:
 
 def _after_tools(ep: Episode, tool_results: list, tokenizer, cfg: RolloutConfig) -> None:
     ep.num_tool_errors += sum(r.error for r in tool_results)
-    for r in tool_results:
-        ep.messages.append({"role": "tool", "content": r.text})
+    ep.messages.extend(tool_messages(ep.messages[-1], [r.text for r in tool_results]))
     _append_segments(ep, tool_response_segments([r.text for r in tool_results]), tokenizer, cfg)
 
 

@@ -16,6 +16,7 @@ from agentrl_ray.config import EnvConfig, ModelConfig, RewardConfig, RolloutConf
 from agentrl_ray.envs.base import load_env_class, tool_schemas
 from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.rewards import load_reward_functions, score
+from agentrl_ray.rewards.scoring import RewardState
 from agentrl_ray.rollout.agent_loop import Episode, run_episodes
 from agentrl_ray.rollout.engine import VLLMEngine
 from agentrl_ray.sync.collective import CollectiveBackend
@@ -112,6 +113,10 @@ class RolloutWorker:
                 columns,
                 episode_stats=[self._episode_stats(e) for e in episodes],
                 env_rewards=env_rewards,
+                # What TRL's GRPOTrainer also passes: each completion's token ids (tool results included) and the
+                # training progress (the weights version is the number of optimizer steps taken).
+                completion_ids=[e.ids[e.prompt_len :] for e in episodes],
+                trainer_state=RewardState(global_step=self.weights.version),
             )
             timings.reward_s += time.perf_counter() - t0
         finally:
@@ -134,15 +139,19 @@ class RolloutWorker:
                 seen.add(key)
                 keys.append(key)
         episodes = []
-        prompts: dict[tuple[int, str | None], list[int]] = {}  # a group shares its prompt unless reset() differs
+        # A group shares its prompt (ids, messages) unless reset() differs.
+        prompts: dict[tuple[int, str | None], tuple[list[int], list[dict]]] = {}
         try:
             reset_texts = await self.envs.create([(k, rows[i // group_size]) for i, k in enumerate(keys)])
             for i, (key, extra) in enumerate(zip(keys, reset_texts)):
                 row = rows[i // group_size]
-                ids = prompts.get((i // group_size, extra))
-                if ids is None:
-                    ids = prompts[(i // group_size, extra)] = self._prompt_ids(row, extra)
-                episodes.append(Episode(key, str(row["id"]), i % group_size, list(ids), prompt_len=len(ids)))
+                rendered = prompts.get((i // group_size, extra))
+                if rendered is None:
+                    rendered = prompts[(i // group_size, extra)] = self._prompt_ids(row, extra)
+                ids, messages = rendered
+                episodes.append(
+                    Episode(key, str(row["id"]), i % group_size, list(ids), len(ids), prompt_messages=messages)
+                )
         except BaseException:
             # A failed reset on one host (its batch closes itself), or a prompt over the token budget: close every
             # environment of the batch (closing an unknown key is a no-op), then report it.
@@ -150,7 +159,7 @@ class RolloutWorker:
             raise
         return episodes
 
-    def _prompt_ids(self, row: dict[str, Any], extra: str | None) -> list[int]:
+    def _prompt_ids(self, row: dict[str, Any], extra: str | None) -> tuple[list[int], list[dict]]:
         prompt = row["prompt"]
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
         if extra:
@@ -163,7 +172,7 @@ class RolloutWorker:
             raise ValueError(
                 f"prompt {row['id']} is {len(ids)} tokens, over rollout.max_total_tokens={self.cfg.max_total_tokens}"
             )
-        return list(ids)
+        return list(ids), messages
 
     def _episode_stats(self, ep: Episode) -> dict[str, Any]:
         return {
@@ -191,6 +200,8 @@ class RolloutWorker:
             num_tool_errors=ep.num_tool_errors,
             num_steps=ep.num_steps,
             num_step_errors=ep.num_step_errors,
+            prompt_messages=ep.prompt_messages,
+            completion_messages=ep.messages,
         )
 
     # ---------------------------------------------------------------- weights (see sync.receiver)

@@ -25,17 +25,25 @@ LAYERS = {
     "placement": 0,  # the plan: a pure function of (nodes, config)
     "storage": 0,
     "hub": 0,
+    "hardware": 0,
+    "sizing": 0,
+    "stability": 0,
+    "health": 0,
+    "messages": 0,
     # roles, lowest first
     "envs": 1,
     "rewards": 2,
     "sync": 2,
     "cluster": 2,  # the plan on a live Ray cluster (placement groups, node checks); driver-side
+    "traces": 2,  # trace records and dataset converters (messages, types)
     "rollout": 3,
     "builtin_model": 3,  # builds the default model from the calculator env's tools
     "builtin_grid": 3,  # the grid task's part of the built-in models (the grid env's tools)
     "learner": 4,
     "driver": 5,
     "plan_cmd": 5,
+    "sft": 5,  # warm start on traces: builds the built-in model when asked for it
+    "doctor": 5,
     "cli": 6,
     "__main__": 7,
 }

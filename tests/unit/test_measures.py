@@ -33,20 +33,23 @@ NO_TOOLS = _episode(("assistant", "5"))
 
 def test_format_reward_gives_partial_credit():
     (fmt,) = load_reward_functions(["format"])
-    assert fmt([CLEAN, MALFORMED, CUT_OFF, _episode(("assistant", BAD_CALL))]) == [1.0, 0.5, 0.5, 0.0]
+    # MALFORMED: one of its two assistant turns is malformed (score 0.5) and it ends with an answer (1): 0.75.
+    assert fmt([CLEAN, MALFORMED, CUT_OFF, _episode(("assistant", BAD_CALL))]) == [1.0, 0.75, 0.5, 0.0]
     verdicts = fmt.explain(MALFORMED)
-    assert (
-        verdicts[0][:2] == ("no_malformed_tool_calls", False)
-        and "turn 0: tool call is not valid JSON" in verdicts[0][2]
-    )
-    assert verdicts[1] == ("ends_with_answer", True, "")
+    assert verdicts[0]["measure"] == "no_malformed_tool_calls" and not verdicts[0]["passed"]
+    assert verdicts[0]["score"] == 0.5 and "turn 0: tool call is not valid JSON" in verdicts[0]["reason"]
+    assert verdicts[1] == {"measure": "ends_with_answer", "passed": True, "score": 1.0, "reason": ""}
 
 
 def test_format_reward_uses_finish_reason_when_given():
     (fmt,) = load_reward_functions(["format"])
     trajs = [{"finish_reason": "length", "num_tool_calls": 1, "num_tool_errors": 0, "num_tokens": 9}]
     assert fmt([CLEAN], episode_stats=trajs) == [0.5]
-    assert ends_with_answer(CLEAN, stats=trajs[0]) == (False, "episode ended by 'length', not by an answer")
+    assert ends_with_answer(CLEAN, stats=trajs[0]) == {
+        "passed": False,
+        "score": 0.0,
+        "reason": "episode ended by 'length', not by an answer",
+    }
 
 
 def test_count_tool_calls_from_messages_and_from_episode_stats():
@@ -103,7 +106,7 @@ def test_measure_decorator_and_custom_measures():
     assert mentions_source.__name__ == "mentions_source"
     assert mentions_source(completions, source=["Euler", "Gauss"]) == [1.0, 0.0]
     assert mentions_source.explain(completions[1], source="Gauss") == [
-        ("mentions_source", False, "no mention of 'Gauss'")
+        {"measure": "mentions_source", "passed": False, "score": 0.0, "reason": "no mention of 'Gauss'"}
     ]
 
 
@@ -113,12 +116,34 @@ def test_as_reward_all_or_nothing_and_bad_measure_is_an_error():
     assert strict([CLEAN, FAILED_TOOL, MALFORMED]) == [1.0, 0.0, 0.0]
 
     def sloppy(completion, **sample):
-        return 1.0  # not (bool, reason)
+        return 1.0  # not a verdict
 
     bad = as_reward(sloppy)
-    with pytest.raises(TypeError, match="must return \\(passed: bool, reason: str\\)"):
+    with pytest.raises(TypeError, match="sloppy.*must return .'passed': bool"):
         bad([CLEAN])
+
+    def overscored(completion, **sample):
+        return {"passed": False, "score": 1.5}
+
+    with pytest.raises(ValueError, match="overscored.*outside"):
+        as_reward(overscored)([CLEAN])
     totals, parts = score([bad], [1.0], [CLEAN], {})
     assert totals == [0.0] and parts[0]["sloppy/error"] == 1.0
     with pytest.raises(ValueError, match="at least one measure"):
         as_reward()
+
+
+def test_partial_credit_from_scores_and_pass_fail_values():
+    """A measure's score is its credit when it fails; pass/fail values set the reward's range."""
+
+    def digits_right(completion, answer, **sample):
+        text = completion[-1]["content"]
+        right = sum(a == b for a, b in zip(text, answer)) / len(answer)
+        return {"passed": text == answer, "score": right, "reason": f"{right:.0%} of digits right"}
+
+    completions = [_episode(("assistant", "1234")), _episode(("assistant", "1299")), _episode(("assistant", "x"))]
+    answers = ["1234"] * 3
+    assert as_reward(digits_right)(completions, answer=answers) == [1.0, 0.5, 0.0]
+    assert as_reward(digits_right, pass_value=1.0, fail_value=-1.0)(completions, answer=answers) == [1.0, 0.0, -1.0]
+    assert as_reward(digits_right, partial=False, fail_value=-0.5)(completions, answer=answers) == [1.0, -0.5, -0.5]
+    assert tool_calls_succeeded(FAILED_TOOL)["score"] == 0.5

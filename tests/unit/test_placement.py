@@ -114,7 +114,17 @@ def test_custom_resources_split_roles_over_three_nodes():
             ["profile=gpu", "rollout.num_workers=1", "learner.num_workers=1", "placement.mode=separate"],
             "GPU: needs 2, cluster has 1",
         ),
-        ('[{"CPU": 1}]', ["profile=cpu"], "CPU: needs 1.75, cluster has 1"),
+        # Explicit requests: the profile's own are sized to fit the machine running the test (sizing.py).
+        (
+            '[{"CPU": 1}]',
+            [
+                "profile=cpu",
+                "rollout.num_cpus_per_worker=0.5",
+                "learner.num_cpus_per_worker=1",
+                "env.num_cpus_per_actor=0.25",
+            ],
+            "CPU: needs 1.75, cluster has 1",
+        ),
         (
             '[{"CPU": 4, "GPU": 2}, {"CPU": 4, "GPU": 2}]',
             ["profile=gpu", "rollout.tensor_parallel_size=3", "learner.num_workers=1", "rollout.num_workers=1"],

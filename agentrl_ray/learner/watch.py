@@ -1,0 +1,68 @@
+"""Rank 0's supervision of a run, after each step: saved traces, the health verdict and early stopping.
+
+The loop calls `after_step` once per step, before the step's metrics are logged (it adds `health/*` to them), and
+`finish` at the end; when `after_step` returns a reason, the loop saves a final checkpoint and stops.
+`<run_dir>/stop.json` (merged into the driver's summary.json) says why the run ended, the best held-out value and
+the first step with a red health verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentrl_ray.config import Config
+from agentrl_ray.health import EarlyStopper, HealthMonitor
+from agentrl_ray.types import TrajectoryGroup
+
+
+class RunWatch:
+    def __init__(self, cfg: Config, train_rows: list[dict[str, Any]]) -> None:
+        self.cfg = cfg
+        self.health = HealthMonitor()
+        r = cfg.run
+        self.stopper = EarlyStopper(
+            r.early_stopping_metric, r.early_stopping_patience, r.early_stopping_min_delta, r.early_stopping_mode
+        )
+        self.rows_by_id = {str(row["id"]): row for row in train_rows} if r.save_rollouts else {}
+        self.tools: list[dict[str, Any]] | None = None
+        self.first_red: int | None = None
+
+    def after_step(self, step: int, groups: list[TrajectoryGroup], metrics: dict[str, Any]) -> str | None:
+        """Save the step's traces (every run.save_rollouts steps), add the health verdict to `metrics`; returns a
+        reason to stop early, or None."""
+        if self.cfg.run.save_rollouts and groups and step % self.cfg.run.save_rollouts == 0:
+            self._save(step, groups)
+        verdict = self.health.update(metrics)
+        metrics.update(verdict.metrics())
+        if verdict.level == 2 and self.first_red is None:
+            self.first_red = step
+        reason = self.stopper.update(step, metrics)
+        return reason if step < self.cfg.run.steps else None  # the last step ends the run anyway
+
+    def _save(self, step: int, groups: list[TrajectoryGroup]) -> None:
+        from agentrl_ray.traces.records import group_records, write_step
+
+        if self.tools is None:
+            from agentrl_ray.envs.base import load_env_class, tool_schemas
+
+            self.tools = tool_schemas(load_env_class(self.cfg.env.name))
+        keep = self.cfg.run.save_rollouts_groups or len(groups)
+        write_step(self.cfg.run_dir, step, group_records(groups[:keep], step, self.rows_by_id, self.tools))
+
+    def finish(self, step: int, stop_reason: str | None) -> dict[str, Any]:
+        summary = {
+            "steps_done": step,
+            "steps_planned": self.cfg.run.steps,
+            "stopped_early": stop_reason is not None,
+            "stop_reason": stop_reason or "reached run.steps",
+            "early_stopping_metric": self.stopper.metric,
+            "best": self.stopper.best,
+            "best_step": self.stopper.best_step if self.stopper.best is not None else None,
+            "first_red_health_step": self.first_red,
+        }
+        self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.cfg.run_dir / "stop.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if stop_reason:
+            print(f"stopped early after step {step}: {stop_reason}", flush=True)
+        return summary
