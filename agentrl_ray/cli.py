@@ -5,6 +5,7 @@
     agentrl-ray config --help                                  list every config key: type, default, description
     agentrl-ray plan [CONFIG.yaml] [overrides] [--nodes JSON]  print the placement plan (which actor on which node)
     agentrl-ray build-model                                    build and cache the built-in default model
+    agentrl-ray eval | chat | export CHECKPOINT [...]          use a trained checkpoint (see --help of each)
 
 Examples (CPU, default task):     agentrl-ray train examples/calculator/config.yaml
   one GPU:                        agentrl-ray train examples/calculator/config.yaml profile=gpu
@@ -16,12 +17,20 @@ Heavy imports (torch, Ray, vLLM) happen only after the arguments and the config 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
 
 from agentrl_ray import config_help
 from agentrl_ray.config import BUILTIN_MODELS, ConfigError, load_config
+
+# Commands that use a trained checkpoint: each module has add_arguments(parser) and main(args).
+USE_COMMANDS = {
+    "eval": ("agentrl_ray.evaluate", "evaluate a checkpoint on held-out prompts (pass@k, transcripts)"),
+    "chat": ("agentrl_ray.chat", "talk to a checkpoint in the terminal, with its tools"),
+    "export": ("agentrl_ray.export", "export a checkpoint: merged HF model, LoRA adapter, or GGUF + Modelfile"),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     build = sub.add_parser("build-model", help="build and cache a built-in model (default: the tiny default model)")
     build.add_argument("--size", default="tiny", choices=BUILTIN_MODELS, help="small: ~25M parameters")
+    for name, (module, help_text) in USE_COMMANDS.items():  # these modules import nothing heavy at import time
+        importlib.import_module(module).add_arguments(sub.add_parser(name, help=help_text))
     return p
 
 
@@ -64,6 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.command in USE_COMMANDS:
+        from agentrl_ray.config import ConfigError
+
+        try:
+            return importlib.import_module(USE_COMMANDS[args.command][0]).main(args)
+        except ConfigError as exc:
+            print(f"agentrl-ray {args.command}: {exc}", file=sys.stderr)
+            return 2
     if args.command == "build-model":
         from agentrl_ray.builtin_model import ensure_builtin_model
 

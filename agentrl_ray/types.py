@@ -58,6 +58,8 @@ class Trajectory:
     num_tool_errors: int = 0
     num_steps: int = 0  # a turn-based environment's `step` calls
     num_step_errors: int = 0
+    messages: list[dict[str, str]] = field(default_factory=list)
+    """The completion as chat messages: assistant turns (raw text, tool calls included) and tool/user replies."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
