@@ -122,23 +122,24 @@ def ollama_template(tools_block: str) -> str:
     `<tool_call>` JSON blocks, which is also how Ollama recognises them in the model's output.
     """
     tools_block = tools_block.replace("{{", '{{ "{{" }}')  # literal text: never an action
+    # No whitespace trimming ({{- ... -}}) anywhere: every newline below is one the chat format has.
     return (
-        "{{- if or .System .Tools }}<|im_start|>system\n{{ if .System }}{{ .System }}{{ end }}"
-        "{{- if .Tools }}{{ if .System }}\n{{ end }}" + tools_block + "{{ end }}<|im_end|>\n{{ end }}"
-        '{{- $prev := "" }}'
-        "{{- range $i, $m := .Messages }}"
-        '{{- $rest := slice $.Messages $i }}{{ $next := "" }}'
-        "{{- if gt (len $rest) 1 }}{{ $next = (index $rest 1).Role }}{{ end }}"
-        '{{- if eq $m.Role "user" }}<|im_start|>user\n{{ $m.Content }}<|im_end|>\n'
-        '{{- else if eq $m.Role "assistant" }}<|im_start|>assistant\n{{ $m.Content }}'
-        "{{- range $j, $c := $m.ToolCalls }}{{ if or $m.Content $j }}\n{{ end }}"
+        "{{ if or .System .Tools }}<|im_start|>system\n{{ if .System }}{{ .System }}{{ end }}"
+        "{{ if .Tools }}{{ if .System }}\n{{ end }}" + tools_block + "{{ end }}<|im_end|>\n{{ end }}"
+        '{{ $prev := "" }}'
+        "{{ range $i, $m := .Messages }}"
+        '{{ $rest := slice $.Messages $i }}{{ $next := "" }}'
+        "{{ if gt (len $rest) 1 }}{{ $next = (index $rest 1).Role }}{{ end }}"
+        '{{ if eq $m.Role "user" }}<|im_start|>user\n{{ $m.Content }}<|im_end|>\n'
+        '{{ else if eq $m.Role "assistant" }}<|im_start|>assistant\n{{ $m.Content }}'
+        "{{ range $j, $c := $m.ToolCalls }}{{ if or $m.Content $j }}\n{{ end }}"
         '<tool_call>\n{"name": "{{ $c.Function.Name }}", "arguments": {{ json $c.Function.Arguments }}}\n</tool_call>'
-        "{{- end }}<|im_end|>\n"
-        '{{- else if eq $m.Role "tool" }}{{ if ne $prev "tool" }}<|im_start|>user{{ end }}'
+        "{{ end }}<|im_end|>\n"
+        '{{ else if eq $m.Role "tool" }}{{ if ne $prev "tool" }}<|im_start|>user{{ end }}'
         "\n<tool_response>\n{{ $m.Content }}\n</tool_response>"
-        '{{- if ne $next "tool" }}<|im_end|>\n{{ end }}'
-        "{{- end }}{{ $prev = $m.Role }}"
-        "{{- end }}<|im_start|>assistant\n"
+        '{{ if ne $next "tool" }}<|im_end|>\n{{ end }}'
+        "{{ end }}{{ $prev = $m.Role }}"
+        "{{ end }}<|im_start|>assistant\n"
     )
 
 

@@ -57,7 +57,10 @@ def _prompts(tokenizer, n=8):
     questions += ["What is 17 * 23?", "Hello", "What is 999 + 1?", "Compute 45 * 45.", "What is 1000 - 1?"]
     return [
         tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], tools=tool_schemas(CalculatorEnv), add_generation_prompt=True
+            [{"role": "user", "content": q}],
+            tools=tool_schemas(CalculatorEnv),
+            add_generation_prompt=True,
+            return_dict=False,
         )
         for q in questions[:n]
     ]
