@@ -76,8 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.command in USE_COMMANDS:
-        from agentrl_ray.config import ConfigError
-
         try:
             return importlib.import_module(USE_COMMANDS[args.command][0]).main(args)
         except ConfigError as exc:

@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 
 from agentrl_ray.api import build_config
-from agentrl_ray.chat_format import prompt_messages
+from agentrl_ray.chat_format import ToolCall, prompt_messages
 from agentrl_ray.config import ConfigError, load_config
 from agentrl_ray.envs.base import BY_VALUE, env_class, import_object, object_spec, tool_schemas
 from agentrl_ray.envs.calculator import CalculatorEnv
 from agentrl_ray.envs.host import EnvHost
 from agentrl_ray.evaluate import bootstrap_interval, pass_at_k, summarize
 from agentrl_ray.inference import openai_messages
-from agentrl_ray.chat_format import ToolCall
 from agentrl_ray.types import Trajectory, TrajectoryGroup
 
 ROOT = Path(__file__).resolve().parents[2]
