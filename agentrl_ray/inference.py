@@ -28,11 +28,13 @@ class Agent:
     def __init__(self, cfg: Config, model_path: str, checkpoint: Checkpoint | None = None, tmp=None) -> None:
         from agentrl_ray.driver import init_ray
         from agentrl_ray.rollout.pool import RolloutPool
+        from agentrl_ray.threads import ThreadPolicy
 
         self.cfg, self.model_path, self.checkpoint = cfg, model_path, checkpoint
         self._tmp = tmp  # the merged LoRA model's folder, removed at close()
-        init_ray(cfg)
-        self.pool = RolloutPool.create(cfg, model_path)
+        threads = ThreadPolicy.of(cfg)  # the run's own policy, as its driver decided it
+        init_ray(cfg, threads)
+        self.pool = RolloutPool.create(cfg, model_path, threads)
 
     @classmethod
     def load(cls, checkpoint: str | Path, *, rewards: bool = True, num_workers: int | None = None) -> Agent:
