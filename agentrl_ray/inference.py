@@ -120,6 +120,6 @@ def transcript(row: dict[str, Any], traj: Trajectory, cfg: Config) -> dict[str, 
         "finish_reason": traj.finish_reason,
         "tool_calls": traj.num_tool_calls,
         "tool_errors": traj.num_tool_errors,
-        **({"answer": row[cfg.reward.answer_column]} if cfg.reward.answer_column in row else {}),
+        **({"answer": row["answer"]} if "answer" in row else {}),  # the column answer_match reads
         "messages": openai_messages(prompt_messages(row["prompt"], cfg.rollout.system_prompt) + traj.messages),
     }
