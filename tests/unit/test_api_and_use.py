@@ -16,7 +16,7 @@ from agentrl_ray.envs.base import BY_VALUE, env_class, import_object, object_spe
 from agentrl_ray.envs.calculator import CalculatorEnv
 from agentrl_ray.envs.host import EnvHost
 from agentrl_ray.evaluate import bootstrap_interval, pass_at_k, summarize
-from agentrl_ray.inference import openai_messages
+from agentrl_ray.inference import openai_messages, transcript
 from agentrl_ray.types import Trajectory, TrajectoryGroup
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,6 +167,10 @@ def test_summarize_and_openai_transcripts():
     }
     assert msgs[1] == {"role": "tool", "content": "4", "tool_call_id": msgs[0]["tool_calls"][0]["id"]}
     assert msgs[2] == {"role": "assistant", "content": "The answer is 4."}
+    cfg = load_config(None, ["rollout.system_prompt=Be brief."])
+    record = transcript({"id": "a", "prompt": "What is 2+2?", "answer": "4"}, groups[0].trajectories[0], cfg)
+    assert record["answer"] == "4" and record["success"] and record["tool_calls"] == 1
+    assert [m["role"] for m in record["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
 
 
 def test_ollama_template_lists_the_trained_tools_and_the_call_format():
