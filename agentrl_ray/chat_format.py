@@ -169,3 +169,12 @@ def extract_final_answer(text: str) -> str | None:
     """The last number in a final answer ("The answer is -12.5." -> "-12.5"), commas removed; None if none."""
     matches = _NUMBER.findall(text)
     return matches[-1].replace(",", "") if matches else None
+
+
+def prompt_messages(prompt: str | list[dict[str, str]], system_prompt: str = "") -> list[dict[str, str]]:
+    """A dataset row's prompt as chat messages, led by `system_prompt` (`rollout.system_prompt`) unless it brings
+    its own system message."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    if system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages

@@ -8,6 +8,7 @@
     agentrl-ray traces convert SRC --format sft|kto|preference|grpo --out DIR   rollouts/logs -> HF datasets
     agentrl-ray sft SRC --model builtin:tiny --out DIR         supervised warm start on trace conversations
     agentrl-ray doctor                                         hardware found, and what each profile would run
+    agentrl-ray eval | chat | export CHECKPOINT [...]          use a trained checkpoint (see --help of each)
 
 Examples (CPU, default task):     agentrl-ray train examples/calculator/config.yaml
   one GPU:                        agentrl-ray train examples/calculator/config.yaml profile=gpu
@@ -19,6 +20,7 @@ Heavy imports (torch, Ray, vLLM) happen only after the arguments and the config 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
@@ -26,6 +28,13 @@ import sys
 from agentrl_ray import config_help, sft
 from agentrl_ray.config import BUILTIN_MODELS, ConfigError, load_config
 from agentrl_ray.traces import cli as traces_cli
+
+# Commands that use a trained checkpoint: each module has add_arguments(parser) and main(args).
+USE_COMMANDS = {
+    "eval": ("agentrl_ray.evaluate", "evaluate a checkpoint on held-out prompts (pass@k, transcripts)"),
+    "chat": ("agentrl_ray.chat", "talk to a checkpoint in the terminal, with its tools"),
+    "export": ("agentrl_ray.export", "export a checkpoint: merged HF model, LoRA adapter, or GGUF + Modelfile"),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     sft.add_parser(sub)
     doctor = sub.add_parser("doctor", help="print the hardware found and what each profile would run")
     doctor.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value", help="optional config and overrides")
+    for name, (module, help_text) in USE_COMMANDS.items():  # these modules import nothing heavy at import time
+        importlib.import_module(module).add_arguments(sub.add_parser(name, help=help_text))
     return p
 
 
@@ -72,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.command in USE_COMMANDS:
+        try:
+            return importlib.import_module(USE_COMMANDS[args.command][0]).main(args)
+        except ConfigError as exc:
+            print(f"agentrl-ray {args.command}: {exc}", file=sys.stderr)
+            return 2
     if args.command == "build-model":
         from agentrl_ray.builtin_model import ensure_builtin_model
 

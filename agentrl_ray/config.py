@@ -101,6 +101,8 @@ class RolloutConfig:
     """Extra vLLM engine arguments we do not wrap (names of vLLM's EngineArgs, checked when the engine starts)."""
     enforce_eager: bool = True
     """Run vLLM without CUDA graphs (required on CPU)."""
+    system_prompt: str = ""
+    """System message put before every prompt that has none (the chat template lists the tools after it)."""
     num_threads: int = 0
     """CPU threads of each engine; 0 = from the node's cores (see agentrl_ray/threads.py)."""
 
@@ -111,6 +113,8 @@ class EnvConfig:
 
     name: str = "agentrl_ray.envs.calculator:CalculatorEnv"
     """Import path package.module:Class of the TRL-style environment (its public methods are the tools)."""
+    tools: list[str] = field(default_factory=list)
+    """Plain functions added as tools ("package.module:function"); with env.name "" they are the only tools."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the environment's constructor."""
     num_actors: int = 1
@@ -485,10 +489,13 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """YAML file + dotted overrides → validated Config, with the profile preset applied underneath."""
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, values: dict[str, Any] | None = None
+) -> Config:
+    """YAML file, then nested `values` (the Python API's arguments), then dotted overrides → validated Config,
+    with the profile preset applied underneath."""
     user = load_yaml(path) if path is not None else {}
-    user = deep_merge(user, parse_overrides(overrides or []))
+    user = deep_merge(deep_merge(user, values or {}), parse_overrides(overrides or []))
     requested = user.get("profile", "auto")
     _check_value(requested, typing.get_type_hints(Config)["profile"], "profile")
     profile = resolve_profile(requested)
@@ -507,6 +514,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
     cfg.run.output_dir = resolve_path(cfg.run.output_dir)
     cfg.run.storage_path = resolve_path(cfg.run.storage_path)
+    return cfg
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """A config from a nested dict holding every key (a run's config.json, the Python API), validated."""
+    cfg = _build(Config, data)
+    validate(cfg)
     return cfg
 
 
@@ -557,7 +571,12 @@ def validate(cfg: Config) -> None:
     need(r.kv_cache_gib > 0, "rollout.kv_cache_gib must be > 0")
     need(cfg.env.num_actors >= 0, "env.num_actors must be >= 0 (0 = one env host per engine)")
     need(cfg.env.tool_timeout_s > 0, "env.tool_timeout_s must be > 0")
-    need(":" in cfg.env.name, f"env.name {cfg.env.name!r} must be an import path 'package.module:Class'")
+    need(
+        ":" in cfg.env.name or (cfg.env.name == "" and bool(cfg.env.tools)),
+        f"env.name {cfg.env.name!r} must be an import path 'package.module:Class' (or \"\" with env.tools)",
+    )
+    for i, tool in enumerate(cfg.env.tools):
+        need(":" in tool, f"env.tools[{i}] {tool[:60]!r} must be an import path 'package.module:function'")
     need(
         len(cfg.reward.functions) == len(cfg.reward.weights),
         f"reward.functions has {len(cfg.reward.functions)} entries but reward.weights has "

@@ -23,12 +23,15 @@ T = TypeVar("T")
 
 
 class EnvClient:
-    def __init__(self, hosts: list[Any], env_path: str, env_kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, hosts: list[Any], env_path: str, env_kwargs: dict[str, Any], tools: tuple[str, ...] = ()
+    ) -> None:
         if not hosts:
             raise ValueError("EnvClient needs at least one env host")
         self.hosts = hosts
         self.env_path = env_path
         self.env_kwargs = env_kwargs
+        self.tools = tools  # env.tools: plain functions added to the environment (envs.base.env_class)
 
     def host_index(self, key: str) -> int:
         return zlib.crc32(key.encode()) % len(self.hosts)
@@ -39,7 +42,7 @@ class EnvClient:
         return await self._per_host(
             [key for key, _ in items],
             items,
-            lambda host, batch: host.create_many.remote(self.env_path, self.env_kwargs, batch),
+            lambda host, batch: host.create_many.remote(self.env_path, self.env_kwargs, batch, self.tools),
         )
 
     async def call_tools(self, requests: list[tuple[str, list[ToolCall], list[str]]]) -> list[list[ToolResult]]:

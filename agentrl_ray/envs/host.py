@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl_ray.chat_format import ToolCall
-from agentrl_ray.envs.base import coerce_arguments, load_env_class, tool_methods
+from agentrl_ray.envs.base import coerce_arguments, env_class, tool_methods
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +56,6 @@ class _Open:
     steps: int = 0
 
 
-@functools.lru_cache(maxsize=64)
-def _env_class(path: str) -> type:
-    return load_env_class(path)
-
-
 class EnvHost:
     def __init__(self, tool_timeout_s: float = 10.0, max_output_chars: int = 2000, max_threads: int = 32) -> None:
         if tool_timeout_s <= 0:
@@ -76,11 +71,14 @@ class EnvHost:
 
     # ---------------------------------------------------------------- lifecycle
 
-    async def create(self, key: str, env_path: str, env_kwargs: dict, row: dict) -> str | None:
-        """Build the environment of trajectory `key` and reset it with `row`; returns the text reset() gave."""
+    async def create(
+        self, key: str, env_path: str, env_kwargs: dict, row: dict, tools: tuple[str, ...] = ()
+    ) -> str | None:
+        """Build the environment of trajectory `key` and reset it with `row`; returns the text reset() gave.
+        `env_path` and `tools` are the config's `env.name` and `env.tools` (see `envs.base.env_class`)."""
         if key in self._open:
             raise ValueError(f"environment {key!r} is already open on this host; close it before reusing the key")
-        cls = _env_class(env_path)
+        cls = env_class(env_path, tuple(tools))
         # Constructors and reset may be slow (start a process, load a file): keep them off the event loop.
         env = await self._in_thread(functools.partial(cls, **env_kwargs))
         try:
@@ -232,10 +230,12 @@ class EnvHost:
     # One actor call per host for a whole batch of episodes instead of one per episode: a rollout worker makes a
     # handful of Ray calls per turn, not hundreds. Each entry runs exactly as the single call would, concurrently.
 
-    async def create_many(self, env_path: str, env_kwargs: dict, items: list[tuple[str, dict]]) -> list[str | None]:
-        """`create(key, env_path, env_kwargs, row)` for each (key, row). If any fails, the ones that were created
-        are closed and the first error is raised: a batch opens all its environments on this host or none."""
-        creating = (self.create(key, env_path, env_kwargs, row) for key, row in items)
+    async def create_many(
+        self, env_path: str, env_kwargs: dict, items: list[tuple[str, dict]], tools: tuple[str, ...] = ()
+    ) -> list[str | None]:
+        """`create(key, env_path, env_kwargs, row, tools)` for each (key, row). If any fails, the ones that were
+        created are closed and the first error is raised: a batch opens all its environments on this host or none."""
+        creating = (self.create(key, env_path, env_kwargs, row, tools) for key, row in items)
         out = await asyncio.gather(*creating, return_exceptions=True)
         failed = [r for r in out if isinstance(r, BaseException)]
         if failed:

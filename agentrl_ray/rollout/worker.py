@@ -12,8 +12,10 @@ from typing import Any
 
 import torch
 
+from agentrl_ray.chat_format import prompt_messages
 from agentrl_ray.config import EnvConfig, ModelConfig, RewardConfig, RolloutConfig
-from agentrl_ray.envs.base import load_env_class, tool_schemas
+from agentrl_ray.envs.base import env_class as make_env_class
+from agentrl_ray.envs.base import tool_schemas
 from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.rewards import load_reward_functions, score
 from agentrl_ray.rewards.scoring import RewardState
@@ -46,12 +48,12 @@ class RolloutWorker:
         self.index = index
         self.cfg = cfg
         self.reward_cfg = reward_cfg
-        self.envs = EnvClient(env_hosts, env_cfg.name, env_cfg.kwargs)
+        self.envs = EnvClient(env_hosts, env_cfg.name, env_cfg.kwargs, tuple(env_cfg.tools))
         self.model_path = model_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         if self.tokenizer.eos_token_id is None:
             raise ValueError(f"the tokenizer of {model_path} has no eos token: turns could never end")
-        env_class = load_env_class(env_cfg.name)
+        env_class = make_env_class(env_cfg.name, tuple(env_cfg.tools))
         self.tools = tool_schemas(env_class)
         # Decided once from the class: a turn-based environment (it defines step) talks in user turns, not tools.
         self.turn_based = callable(getattr(env_class, "step", None))
@@ -161,7 +163,7 @@ class RolloutWorker:
 
     def _prompt_ids(self, row: dict[str, Any], extra: str | None) -> tuple[list[int], list[dict]]:
         prompt = row["prompt"]
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+        messages = prompt_messages(prompt, self.cfg.system_prompt)
         if extra:
             # TRL convention: text returned by reset() is appended to the last user message.
             messages[-1]["content"] = f"{messages[-1]['content']}{extra}"

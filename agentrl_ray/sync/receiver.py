@@ -11,6 +11,7 @@ which the rollout worker supplies: vLLM's `reload_weights`, then a prefix-cache 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 
@@ -58,16 +59,29 @@ class WeightReceiver:
 
     def _merge_lora(self, adapter: dict[str, torch.Tensor], scaling: float) -> list[tuple[str, torch.Tensor]]:
         if self._base is None:
-            self._base = load_safetensors_folder(self.model_path)
-            # Tied embeddings are saved once; vLLM's reload still expects lm_head.weight (state_dict() has both).
-            if "lm_head.weight" not in self._base and "model.embed_tokens.weight" in self._base:
-                self._base["lm_head.weight"] = self._base["model.embed_tokens.weight"]
-        merged = dict(self._base)
-        for name, a in adapter.items():
-            if not name.endswith(".lora_A"):
-                continue
-            prefix = name.removesuffix(".lora_A")
-            b = adapter[prefix + ".lora_B"]
-            base = self._base[prefix + ".weight"]
-            merged[prefix + ".weight"] = (base.float() + scaling * (b.float() @ a.float())).to(base.dtype)
-        return list(merged.items())
+            self._base = base_weights(self.model_path)
+        return list(merge_lora(self._base, adapter, scaling).items())
+
+
+def base_weights(model_path: str | Path) -> dict[str, torch.Tensor]:
+    """A model folder's weights as the engine's reload wants them."""
+    weights = load_safetensors_folder(model_path)
+    # Tied embeddings are saved once; vLLM's reload still expects lm_head.weight (state_dict() has both).
+    if "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    return weights
+
+
+def merge_lora(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], scaling: float):
+    """W = W0 + scaling * B @ A for every adapted weight, in float32, stored in W0's dtype. `adapter` is named like
+    the sync payload (`model.layers.0.self_attn.q_proj.lora_A`). Also what `checkpoints.write_merged` uses, so a
+    merged export holds bit for bit the weights the engines sampled with."""
+    merged = dict(base)
+    for name, a in adapter.items():
+        if not name.endswith(".lora_A"):
+            continue
+        prefix = name.removesuffix(".lora_A")
+        b = adapter[prefix + ".lora_B"]
+        w0 = base[prefix + ".weight"]
+        merged[prefix + ".weight"] = (w0.float() + scaling * (b.float() @ a.float())).to(w0.dtype)
+    return merged

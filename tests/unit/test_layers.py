@@ -30,6 +30,7 @@ LAYERS = {
     "stability": 0,
     "health": 0,
     "messages": 0,
+    "gguf_convert": 0,  # llama.cpp's converter in a subprocess, the Ollama Modelfile: nothing of ours
     # roles, lowest first
     "envs": 1,
     "rewards": 2,
@@ -40,12 +41,19 @@ LAYERS = {
     "builtin_model": 3,  # builds the default model from the calculator env's tools
     "builtin_grid": 3,  # the grid task's part of the built-in models (the grid env's tools)
     "learner": 4,
+    "checkpoints": 3,  # a run's checkpoints read back; LoRA merged as sync.receiver merges it
     "driver": 5,
     "plan_cmd": 5,
     "sft": 5,  # warm start on traces: builds the built-in model when asked for it
     "doctor": 5,
-    "cli": 6,
-    "__main__": 7,
+    # using a trained run: the rollout pool on a checkpoint, then eval / chat / export, and the Python API
+    "inference": 6,
+    "evaluate": 7,
+    "chat": 7,
+    "export": 7,
+    "api": 8,
+    "cli": 9,
+    "__main__": 10,
 }
 
 
