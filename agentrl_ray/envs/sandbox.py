@@ -54,6 +54,7 @@ import logging
 import os
 import random
 import select
+import shlex
 import shutil
 import signal
 import stat
@@ -65,6 +66,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from agentrl_ray.envs import cgroups
 
 logger = logging.getLogger(__name__)
 
@@ -79,14 +82,29 @@ _DRAIN_AFTER_KILL_S = 1.0
 @dataclass
 class SandboxLimits:
     wall_time_s: float = 10.0
+    """Wall-clock limit of a run, from its start (the parent kills everything at the deadline)."""
     cpu_time_s: int = 10
-    memory_mb: int = 512  # address space per process
-    max_processes: int = 32  # processes and threads together
+    """CPU seconds per process (RLIMIT_CPU)."""
+    memory_mb: int = 512
+    """Address space per process (RLIMIT_AS)."""
+    total_memory_mb: int = 1024
+    """Memory of all of a run's processes together, files in its tmpfs included (a memory cgroup)."""
+    max_processes: int = 32
+    """Processes and threads of a run together (RLIMIT_NPROC under its own uid, and a pids cgroup)."""
     max_open_files: int = 64
+    """Open file descriptors per process (RLIMIT_NOFILE)."""
     max_file_size_mb: int = 16
-    max_output_bytes: int = 16_384  # per stream
+    """Largest file a process may write (RLIMIT_FSIZE)."""
+    disk_mb: int = 64
+    """Size of each private tmpfs: /tmp (which holds the working directory), /var/tmp and /dev/shm."""
+    max_output_bytes: int = 16_384
+    """Output kept per stream (stdout, stderr); the rest is drained and dropped."""
     network: bool = False
-    require_network_isolation: bool = False  # refuse to run (rather than warn) when no network namespace is possible
+    """Give the run the host's network (otherwise: its own network namespace with a downed loopback)."""
+    require_isolation: bool = True
+    """Refuse to run (an error result, exit_code None) when a layer is unavailable here: an own uid, the mount,
+    IPC and PID namespaces, the cgroup, or (unless `network`) the network namespace. False runs with what there is,
+    logs a warning once and reports the missing layers in the result."""
 
 
 @dataclass
@@ -99,6 +117,14 @@ class SandboxResult:
     error: str | None  # why the run was killed or refused, for humans and for the model
     duration_s: float
     network_isolated: bool = True
+    uid_isolated: bool = True
+    """Ran under its own unprivileged uid (not the trainer's)."""
+    namespaced: bool = True
+    """Had its own tmpfs /tmp, /var/tmp, /dev/shm and its own SysV IPC and process table."""
+    cgroup_limited: bool = True
+    """Its processes together were bounded by `total_memory_mb` and `max_processes` (a cgroup)."""
+    memory_peak_mb: float | None = None
+    """Peak memory of the run's cgroup (processes and tmpfs files), where the kernel reports it."""
 
     def observation(self) -> str:
         """What the model sees: the output, then what went wrong."""
@@ -136,39 +162,49 @@ def run_command(
 ) -> SandboxResult:
     """Run `argv` in a fresh sandbox whose working directory holds `files` (relative path -> text)."""
     start = time.monotonic()
-    isolate_net = not limits.network
-    if isolate_net and not network_isolation_available():
-        reason = f"network isolation unavailable: {_namespace_probe(tuple(_namespace_args(False)))}"
-        if limits.require_network_isolation:
-            return SandboxResult("", "", None, False, False, reason + " (refused to run)", 0.0, False)
-        _warn_once(reason + "; sandboxed code runs WITH the host's network")
-        isolate_net = False
-    if os.geteuid() != 0:
-        _warn_once("not root: sandboxed code runs as this user and can write this user's files")
+    layers = _Layers.probe(limits.network)
+    if layers.missing:
+        reason = "isolation unavailable: " + "; ".join(layers.missing)
+        if limits.require_isolation:
+            refused = SandboxResult("", "", None, False, False, reason + " (refused to run)", 0.0)
+            return layers.stamp(refused)
+        _warn_once(reason + "; running without (require_isolation=False)")
     with _sandbox_uid() as uid, _workdir(files or {}, uid) as workdir, tempfile.TemporaryFile() as stdin_file:
         stdin_file.write(stdin.encode())
         stdin_file.seek(0)
-        proc = subprocess.Popen(
-            _wrap(argv, limits, uid, isolate_net),
-            cwd=workdir,
-            env=_child_env(workdir),
-            stdin=stdin_file,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        cgroup = cgroups.slot_cgroup(uid - SANDBOX_UID_BASE) if uid is not None and layers.cgroup else None
+        oom_before = cgroup.prepare(limits.total_memory_mb << 20, limits.max_processes + 1) if cgroup else 0
+        inner_dir = f"/tmp/{Path(workdir).name}" if layers.namespaced else workdir
+        status_r, status_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            out, err, truncated, timed_out = _collect(proc, limits, uid)
+            proc = subprocess.Popen(
+                _wrap(argv, limits, uid, layers, cgroup, inner_dir, status_w),
+                cwd=workdir,
+                env=_child_env(inner_dir),
+                stdin=stdin_file,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(status_w,) if layers.namespaced else (),  # the program itself never holds it
+            )
+        finally:
+            os.close(status_w)
+        try:
+            out, err, truncated, timed_out = _collect(proc, limits, uid, cgroup)
         except BaseException:
-            _kill_all(proc, uid)
+            _kill_all(proc, uid, cgroup)
             raise
         finally:
             proc.stdout.close()
             proc.stderr.close()
-            exit_code = proc.wait()
+            exit_code = _init_status(status_r, proc.wait())
+        oom_killed = cgroup is not None and cgroup.oom_kills() > oom_before
+        peak = cgroup.peak_bytes() if cgroup else None
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
-    error = _explain(exit_code, stderr, timed_out, limits)
-    return SandboxResult(stdout, stderr, exit_code, timed_out, truncated, error, time.monotonic() - start, isolate_net)
+    error = _explain(exit_code, stderr, timed_out, limits, oom_killed)
+    result = SandboxResult(stdout, stderr, exit_code, timed_out, truncated, error, time.monotonic() - start)
+    result.memory_peak_mb = None if peak is None else peak / (1 << 20)
+    return layers.stamp(result)
 
 
 def network_isolation_available() -> bool:
@@ -203,23 +239,83 @@ def _namespace_args(network: bool) -> list[str]:
 
 
 @functools.cache
-def _namespace_probe(args: tuple[str, ...]) -> str | None:
-    """None when `unshare ARGS true` works here, else why not."""
+def _namespace_probe(args: tuple[str, ...], mount_tmpfs: bool = False) -> str | None:
+    """None when `unshare ARGS true` (or a tmpfs mount on /tmp in them) works here, else why not."""
     unshare = shutil.which("unshare")
     if unshare is None:
         return "util-linux `unshare` not found"
-    done = subprocess.run([unshare, *args, "--", "true"], capture_output=True, text=True)
+    probe = ["mount", "-t", "tmpfs", "-o", "size=1m", "agentrl-sandbox-probe", "/tmp"] if mount_tmpfs else ["true"]
+    done = subprocess.run([unshare, *args, "--", *probe], capture_output=True, text=True)
     return None if done.returncode == 0 else f"`unshare {' '.join(args)}` failed: {done.stderr.strip()}"
 
 
-def _wrap(argv: list[str], limits: SandboxLimits, uid: int | None, isolate_net: bool) -> list[str]:
-    """unshare (namespaces) -> setpriv (uid drop, as root) -> prlimit (rlimits) -> argv. Each one execs the next,
-    so the pid the parent holds is the sandboxed program itself."""
+# The PID namespace's init (pid 1): runs the program as its child, reaps orphans, and writes the program's raw wait
+# status to `status_fd` (the parent's pipe), which the program never sees. Not the program itself as pid 1: the
+# kernel ignores default-action signals sent to a namespace's init (SIGXCPU, SIGXFSZ, its own SIGTERM), and a shell
+# or `timeout` as init would report a death by signal n as exit 128+n, indistinguishable from `exit(128+n)`.
+# perl-base is part of every Debian/Ubuntu install and starts in ~2 ms (Python: ~15 ms).
+_INIT = (
+    'my $fd = shift; my $pid = fork; defined $pid or die "fork: $!";'
+    ' if (!$pid) { open(my $s, ">&=", $fd) and close($s); exec {$ARGV[0]} @ARGV or exit 127 }'
+    " my $st; while ((my $w = wait) > 0) { if ($w == $pid) { $st = $?; last } }"
+    ' open(my $s, ">&=", $fd) or exit 125; print $s "$st"; close $s; exit 0'
+)
+_PRIVATE_NS = ("--mount", "--ipc", "--pid", "--fork", "--kill-child", "--mount-proc")
+
+
+@dataclass(frozen=True)
+class _Layers:
+    """Which isolation layers this process can give a run, and why the others are missing (probed once)."""
+
+    uid: bool
+    namespaced: bool
+    cgroup: bool
+    isolate_net: bool
+    missing: tuple[str, ...]
+
+    @staticmethod
+    @functools.cache
+    def probe(network: bool) -> _Layers:
+        missing = []
+        uid = os.geteuid() == 0
+        if not uid:
+            missing.append("not root: no separate uid for sandboxed code (it would run as this user)")
+        ns_problem = _namespace_probe((*_namespace_args(True), *_PRIVATE_NS), mount_tmpfs=True)
+        if ns_problem:
+            missing.append(f"no private /tmp, IPC and PID namespaces: {ns_problem}")
+        cg_problem = cgroups.unavailable_reason()
+        if cg_problem:
+            missing.append(f"no cgroup: {cg_problem}")
+        net_problem = None if network else _namespace_probe(tuple(_namespace_args(False)))
+        if net_problem:
+            missing.append(f"network isolation unavailable: {net_problem}")
+        isolate_net = not network and net_problem is None
+        return _Layers(uid, ns_problem is None, cg_problem is None, isolate_net, tuple(missing))
+
+    def stamp(self, result: SandboxResult) -> SandboxResult:
+        result.network_isolated, result.uid_isolated = self.isolate_net, self.uid
+        result.namespaced, result.cgroup_limited = self.namespaced, self.cgroup
+        return result
+
+
+def _wrap(
+    argv: list[str], limits: SandboxLimits, uid: int | None, layers: _Layers, cgroup, workdir: str, status_fd: int
+) -> list[str]:
+    """unshare (namespaces) -> sh (as root in them: join the cgroup, mount the tmpfs dirs, copy the work dir in)
+    -> the PID namespace's init (`_INIT`) -> setpriv (uid drop, as root) -> prlimit (rlimits) -> argv. Each but the
+    init execs the next."""
     cmd: list[str] = []
-    ns = _namespace_args(network=not isolate_net)
-    in_namespace = bool(ns) and _namespace_probe(tuple(ns)) is None
-    if in_namespace:
+    ns = [*_namespace_args(network=not layers.isolate_net), *(_PRIVATE_NS if layers.namespaced else ())]
+    if ns and _namespace_probe(tuple(_namespace_args(network=not layers.isolate_net))) is None:
         cmd += [shutil.which("unshare"), *ns, "--"]
+    script = [f"echo 0 > {shlex.quote(str(f))}" for f in (cgroup.procs_files() if cgroup else [])]
+    if layers.namespaced:
+        size = f"size={limits.disk_mb}m,nr_inodes={max(1024, 256 * limits.disk_mb)},mode=1777"
+        script += [f"mount -t tmpfs -o {size} agentrl-sandbox {d}" for d in ("/tmp", "/var/tmp", "/dev/shm")]
+        script += [f"cp -a . {shlex.quote(workdir)}", f"cd {shlex.quote(workdir)}", "unset OLDPWD PWD"]
+    if script:
+        init = f"{_require('perl')} -e {shlex.quote(_INIT)} {status_fd} " if layers.namespaced else ""
+        cmd += [_require("sh"), "-ec", "\n".join([*script, f'exec {init}"$@"']), "sh"]
     if uid is not None:
         cmd += [_require("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         cmd += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
@@ -227,11 +323,23 @@ def _wrap(argv: list[str], limits: SandboxLimits, uid: int | None, isolate_net: 
     cmd += [_require("prlimit"), f"--cpu={limits.cpu_time_s}:{limits.cpu_time_s + 1}", f"--as={limits.memory_mb * mb}"]
     cmd += [f"--nofile={limits.max_open_files}", f"--fsize={limits.max_file_size_mb * mb}", "--core=0"]
     # RLIMIT_NPROC counts a uid's processes: ours alone under a leased uid (root) or inside a user namespace.
-    if uid is not None or in_namespace:
+    if uid is not None or (cmd and cmd[0] == shutil.which("unshare")):
         cmd.append(f"--nproc={limits.max_processes}")
     else:
-        _warn_once(f"no user namespace ({_namespace_probe(tuple(ns))}): the process limit is not enforced")
+        _warn_once("no user namespace: the process limit is not enforced")
     return [*cmd, "--", *argv]
+
+
+def _init_status(status_r: int, launcher_status: int) -> int:
+    """The program's exit code (negative: its signal) as the namespace's init saw it; the launcher's own where the
+    init never reported (no PID namespace, or everything was killed first). Closes `status_r`."""
+    try:
+        raw = os.read(status_r, 64)
+    except BlockingIOError:
+        raw = b""
+    finally:
+        os.close(status_r)
+    return os.waitstatus_to_exitcode(int(raw)) if raw.strip().isdigit() else launcher_status
 
 
 def _child_env(workdir: str) -> dict[str, str]:
@@ -268,7 +376,9 @@ def _require(tool: str) -> str:
 # ---------------------------------------------------------------- running it
 
 
-def _collect(proc: subprocess.Popen, limits: SandboxLimits, uid: int | None) -> tuple[bytes, bytes, bool, bool]:
+def _collect(
+    proc: subprocess.Popen, limits: SandboxLimits, uid: int | None, cgroup: cgroups.SlotCgroup | None
+) -> tuple[bytes, bytes, bool, bool]:
     """Read both pipes, keeping the first `max_output_bytes` of each, until the run is over: the main process has
     exited (its leftovers are then killed) or the wall-clock deadline passed (everything is killed). On return
     nothing of the run is alive."""
@@ -288,7 +398,7 @@ def _collect(proc: subprocess.Popen, limits: SandboxLimits, uid: int | None) -> 
                 if exited or timed_out:
                     break  # a pipe is held by something we cannot reach (non-root escapee)
                 timed_out = exited = True
-                _kill_all(proc, uid)
+                _kill_all(proc, uid, cgroup)
                 poller.unregister(pidfd)
                 deadline = time.monotonic() + _DRAIN_AFTER_KILL_S  # read what is left in the pipes
                 continue
@@ -296,7 +406,7 @@ def _collect(proc: subprocess.Popen, limits: SandboxLimits, uid: int | None) -> 
                 if fd == pidfd:
                     exited = True
                     poller.unregister(pidfd)
-                    _kill_all(proc, uid)  # the main process is gone, so is the run
+                    _kill_all(proc, uid, cgroup)  # the main process is gone, so is the run
                     continue
                 chunk = os.read(fd, _READ_CHUNK)
                 if not chunk:
@@ -311,18 +421,22 @@ def _collect(proc: subprocess.Popen, limits: SandboxLimits, uid: int | None) -> 
     return bytes(kept[proc.stdout.fileno()]), bytes(kept[proc.stderr.fileno()]), truncated, timed_out
 
 
-def _kill_all(proc: subprocess.Popen, uid: int | None) -> None:
+def _kill_all(proc: subprocess.Popen, uid: int | None, cgroup: cgroups.SlotCgroup | None) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # the group id stays valid until we reap the main process
     except ProcessLookupError:
         pass
+    if cgroup is not None:
+        cgroup.kill_all()  # exact: every process of the run, wherever it went
     if uid is not None:
         _kill_uid(uid)  # whatever left the process group
 
 
-def _explain(exit_code: int, stderr: str, timed_out: bool, limits: SandboxLimits) -> str | None:
+def _explain(exit_code: int, stderr: str, timed_out: bool, limits: SandboxLimits, oom_killed: bool) -> str | None:
     if timed_out:
         return f"killed: wall-clock timeout after {float(limits.wall_time_s)}s"
+    if oom_killed:
+        return f"killed: the run's processes together exceeded total_memory_mb={limits.total_memory_mb}"
     if exit_code == -signal.SIGXCPU:
         return f"killed: CPU time limit {limits.cpu_time_s} s"
     if exit_code != 0 and "MemoryError" in stderr[-2000:]:
