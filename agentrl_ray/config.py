@@ -395,12 +395,22 @@ def _check_value(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: unsupported config type {tp!r}")
 
 
+# Keys that old configs may still set, and what to do instead.
+REMOVED_KEYS = {
+    "reward.answer_column": "it was never read. answer_match compares against the dataset's `answer` column: "
+    "rename your column to `answer`, or pass a reward function of your own that reads it",
+}
+
+
 def _build(cls: type, data: dict[str, Any], where: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
+    prefix = f"{where}." if where else ""
+    for key in unknown:
+        if prefix + key in REMOVED_KEYS:
+            raise ConfigError(f"config key {prefix + key} was removed: {REMOVED_KEYS[prefix + key]}")
     if unknown:
-        prefix = f"{where}." if where else ""
         raise ConfigError(
             f"unknown config key(s): {', '.join(prefix + k for k in unknown)} "
             f"(valid keys under {where or 'the top level'}: {', '.join(sorted(names))})"

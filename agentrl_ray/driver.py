@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from agentrl_ray import preflight
 from agentrl_ray.config import Config, ConfigError
 from agentrl_ray.data import load_rows
 from agentrl_ray.threads import ThreadPolicy
@@ -96,6 +97,7 @@ def train(cfg: Config) -> dict[str, Any]:
     model_path = resolve_model(cfg.model.path)
     train_rows = load_rows(cfg.data.train, cfg.data, split="train", size=cfg.data.train_size)
     eval_rows = load_rows(cfg.data.eval, cfg.data, split="eval", size=cfg.data.eval_size)
+    preflight.check(cfg, model_path, train_rows, eval_rows)  # bad input fails here, before Ray starts
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     # The actors' environment depends only on overlap and the learner's device, known before the plan.
     init_ray(cfg, ThreadPolicy.of(cfg))

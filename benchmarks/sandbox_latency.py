@@ -48,6 +48,8 @@ def start_cost(n: int) -> dict:
         "bare_ms": 1000 * statistics.median(bare),
         "sandbox_ms": 1000 * statistics.median(sandboxed),
         "sandbox_p90_ms": 1000 * percentile(sandboxed, 0.9),
+        "sandbox_p99_ms": 1000 * percentile(sandboxed, 0.99),
+        "layers": {k: getattr(result, k) for k in ("uid_isolated", "namespaced", "cgroup_limited", "network_isolated")},
     }
 
 

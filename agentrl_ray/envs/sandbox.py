@@ -5,54 +5,59 @@ use whatever the environment lets it do (loop forever, fork, allocate, flood std
 reward is computed, talk to the network, meddle with a sibling rollout). The sandbox contains those; it is NOT a
 security boundary against a determined attacker with a kernel exploit.
 
-How each run is built (`python -I` for code, or any argv), as measured on our 2-core Linux 6.x workers:
+How each run is built (`python -I` for code, or any argv), as measured on our 2-core Linux 6.x workers. Each layer
+is probed once per process; when one is missing the run is REFUSED (an error result) unless
+`SandboxLimits(require_isolation=False)`, which runs with what there is, warns once and reports the missing layers
+in the result (`uid_isolated`, `namespaced`, `cgroup_limited`, `network_isolated`). Never silently weaker.
 - Its own process group (`start_new_session`). The wall-clock limit is enforced from the parent by
   `os.killpg(SIGKILL)`, never `signal.alarm` (which misbehaves inside Ray actors).
+- Namespaces (`unshare --mount --ipc --pid --fork --kill-child --mount-proc --net`): a launcher shell, still root
+  inside them, joins the cgroup, mounts a fresh size-limited tmpfs (`disk_mb`) on each of /tmp, /var/tmp and
+  /dev/shm, and copies the working directory into the private /tmp. Consequences:
+  * Nothing a run writes to /tmp, /var/tmp or /dev/shm (POSIX shared memory included) is seen by anyone else or
+    outlives it: the mounts die with the namespace. Files in them count against the memory cgroup.
+  * Its SysV shared memory, message queues and semaphores live in its own IPC namespace and die with it.
+  * Its own PID namespace and /proc: it sees only its own processes (not the trainer's command lines or
+    environment). A small perl init is pid 1; it reaps orphans, forwards the program's exact wait status, and when
+    the program exits, the kernel kills everything left in the namespace (`setsid` escapees included).
+  * No network: only a downed loopback, so even 127.0.0.1 (Ray, the dashboard, vLLM servers) is unreachable
+    (ENETUNREACH), unless `network=True`.
+- A cgroup per uid slot (`cgroups.py`; v2 where the memory and pids controllers can be delegated, else v1):
+  `total_memory_mb` bounds the run's processes together, tmpfs files included (the kernel OOM-kills inside the run;
+  the result says so and reports `memory_peak_mb`), and `max_processes` + 1 bounds its tasks. Its member list makes
+  the final kill exact.
+- As root (our workers): the program runs under its own unprivileged uid, one per concurrent sandbox
+  (`sandbox_uids.py`: `SANDBOX_UID_BASE` + a slot held with `flock`, valid across processes), via `setpriv`, with
+  no supplementary groups, no capabilities (bounding set emptied) and no_new_privs (setuid binaries gain nothing):
+  * RLIMIT_NPROC works. The kernel does not enforce it for uid 0, and it counts every process and thread of a
+    uid, so a shared uid (e.g. `nobody`) would let sandboxes starve each other.
+  * It cannot write the host's files: only its private tmpfs directories.
+  * Sandboxes cannot signal or ptrace each other or the trainer. Processes of the uid still alive when the run
+    ends (there should be none) are found by a /proc scan and killed.
+- As non-root: no separate uid is possible here (it would need a setuid `newuidmap` and /etc/subuid ranges; not
+  used), so the run is refused by default. With `require_isolation=False` it runs as the calling user in a user
+  namespace (`unshare --user --map-root-user` plus the namespaces above: private tmpfs dirs, IPC, PID, network)
+  and CAN write that user's files; no cgroup (not delegated); RLIMIT_NPROC counts the namespace's processes.
 - rlimits set by util-linux `prlimit` right before the exec: RLIMIT_CPU (SIGXCPU at the limit, SIGKILL a second
   later), RLIMIT_AS (allocations fail: Python raises MemoryError), RLIMIT_NPROC, RLIMIT_NOFILE, RLIMIT_FSIZE,
   RLIMIT_CORE=0. No `preexec_fn`: it is unsafe in a threaded parent, and env actors run sandboxes from threads.
-- As root (our workers): the child runs under its own unprivileged uid, one per concurrent sandbox
-  (`SANDBOX_UID_BASE` + a slot held with `flock`, valid across processes), via `setpriv`, with no supplementary
-  groups, no capabilities (bounding set emptied) and no_new_privs (setuid binaries gain nothing). Consequences:
-  * RLIMIT_NPROC works. The kernel does not enforce it for uid 0 (a fork bomb under root is not stopped by it),
-    and it counts every process and thread of a uid, so a shared uid (e.g. `nobody`) would let sandboxes starve
-    each other. With one uid per sandbox the count is exactly that sandbox's processes.
-  * It cannot write the host's files: only its private working directory (mode 0700, owned by its uid, removed
-    after the run) and world-writable places such as /tmp, /var/tmp and /dev/shm.
-  * Sandboxes cannot signal, ptrace or read `/proc/<pid>/environ` of each other or of the trainer.
-  * Processes that escape the process group (`setsid`, daemons) are found by uid (a /proc scan) and killed when
-    the run ends; nothing of a run outlives it.
-- As non-root: the uid cannot change, so the child runs as the calling user and CAN write that user's files. It
-  runs in a user namespace (`unshare --user --map-root-user`), where RLIMIT_NPROC counts only the namespace's
-  processes (measured: without the namespace it counts all of the user's processes). Escaped processes are not
-  reaped. A warning is logged once per process.
-- No network: a fresh network namespace (`unshare --net`, plus `--user --map-root-user` when not root) with only a
-  downed loopback, so even 127.0.0.1 (Ray, the dashboard, vLLM servers) is unreachable (ENETUNREACH). Where no
-  namespace can be created the run goes ahead WITH the host's network, logs a warning, and reports
-  `network_isolated=False`; `SandboxLimits(require_network_isolation=True)` refuses to run instead.
 - A scrubbed environment (PATH, HOME=TMPDIR=workdir, LANG, PYTHONDONTWRITEBYTECODE): no secrets from the parent.
 - stdout/stderr are read as they come; each keeps its first `max_output_bytes`, the rest is drained and dropped.
 
 What is NOT isolated:
 - Same kernel: a kernel bug is an escape. No seccomp filter; every syscall is available.
-- The filesystem is readable wherever "others" may read: the code, the venv, /etc, and /proc (the command lines of
-  every process). Keep secrets in files that are not world-readable (here /root is 0700).
-- /tmp, /var/tmp and /dev/shm are shared and writable; a later run that draws the same uid can read what an
-  earlier one left there. Disk use is bounded per file (RLIMIT_FSIZE), not in total.
-- Memory is bounded per process (RLIMIT_AS) times the process limit, not in aggregate (no cgroup is used, although
-  the cgroup v1 pids and memory controllers are mounted and writable on our workers). CPU time is bounded per
-  process; concurrent sandboxes compete for cores with the trainer.
+- The host filesystem outside the temp dirs is readable wherever "others" may read: the code, the venv, /etc. Keep
+  secrets in files that are not world-readable (here /root is 0700).
+- CPU time is bounded per process; concurrent sandboxes compete for cores with the trainer (no cpu cgroup).
 - The interpreter must be reachable by the sandbox uid. `sys.executable` of our venv lives under /root (0700), so
   as root the sandbox runs the first `python3` on `SANDBOX_PATH` (stdlib only); see `sandbox_python`.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import logging
 import os
-import random
 import select
 import shlex
 import shutil
@@ -68,13 +73,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl_ray.envs import cgroups
+from agentrl_ray.envs.sandbox_uids import SANDBOX_UID_BASE, kill_uid, sandbox_uid
 
 logger = logging.getLogger(__name__)
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
-SANDBOX_UID_BASE = 2_000_000_000  # far above login users and the usual subuid ranges; below 2**31
-SANDBOX_UID_SLOTS = 4096
-_SLOT_DIR = Path("/run/agentrl_ray-sandbox")  # /run is root-only: a sandbox cannot plant this directory
 _READ_CHUNK = 1 << 16
 _DRAIN_AFTER_KILL_S = 1.0
 
@@ -169,7 +172,7 @@ def run_command(
             refused = SandboxResult("", "", None, False, False, reason + " (refused to run)", 0.0)
             return layers.stamp(refused)
         _warn_once(reason + "; running without (require_isolation=False)")
-    with _sandbox_uid() as uid, _workdir(files or {}, uid) as workdir, tempfile.TemporaryFile() as stdin_file:
+    with sandbox_uid() as uid, _workdir(files or {}, uid) as workdir, tempfile.TemporaryFile() as stdin_file:
         stdin_file.write(stdin.encode())
         stdin_file.seek(0)
         cgroup = cgroups.slot_cgroup(uid - SANDBOX_UID_BASE) if uid is not None and layers.cgroup else None
@@ -429,7 +432,7 @@ def _kill_all(proc: subprocess.Popen, uid: int | None, cgroup: cgroups.SlotCgrou
     if cgroup is not None:
         cgroup.kill_all()  # exact: every process of the run, wherever it went
     if uid is not None:
-        _kill_uid(uid)  # whatever left the process group
+        kill_uid(uid)  # whatever left the process group
 
 
 def _explain(exit_code: int, stderr: str, timed_out: bool, limits: SandboxLimits, oom_killed: bool) -> str | None:
@@ -446,83 +449,6 @@ def _explain(exit_code: int, stderr: str, timed_out: bool, limits: SandboxLimits
     if exit_code < 0:
         return f"killed by signal {signal.Signals(-exit_code).name}"
     return None
-
-
-# ---------------------------------------------------------------- one uid per running sandbox (root only)
-
-
-@contextmanager
-def _sandbox_uid() -> Iterator[int | None]:
-    """As root, lease a uid that no other running sandbox (in any process) holds. The run kills every process of
-    the uid before it returns; a lease left dirty (its holder died mid-run) is cleaned by the next holder."""
-    if os.geteuid() != 0:
-        yield None
-        return
-    lock_fd, uid = _lease_slot()
-    try:
-        if os.pread(lock_fd, 1, 0) == b"1":
-            _kill_uid(uid)
-        os.pwrite(lock_fd, b"1", 0)
-        yield uid
-        os.pwrite(lock_fd, b"0", 0)  # not reached when the run raised: the next holder cleans up
-    finally:
-        os.close(lock_fd)
-
-
-def _lease_slot() -> tuple[int, int]:
-    _SLOT_DIR.mkdir(mode=0o700, exist_ok=True)
-    info = os.lstat(_SLOT_DIR)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077:
-        raise RuntimeError(f"{_SLOT_DIR} must be a directory owned by root with mode 0700")
-    first = random.randrange(SANDBOX_UID_SLOTS)  # spread concurrent searches
-    for i in range(SANDBOX_UID_SLOTS):
-        slot = (first + i) % SANDBOX_UID_SLOTS
-        fd = os.open(_SLOT_DIR / str(slot), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        return fd, SANDBOX_UID_BASE + slot
-    raise RuntimeError(f"all {SANDBOX_UID_SLOTS} sandbox uids are in use")
-
-
-def _kill_uid(uid: int, patience_s: float = 2.0) -> None:
-    """SIGKILL every live process of `uid`, again until none is left (one may fork while we look). Zombies are
-    dead already. The /proc scan is cheap next to a run and runs once per run (numbers in docs/sandbox.md)."""
-    if uid < SANDBOX_UID_BASE:  # never a real user's processes, let alone root's
-        raise ValueError(f"refusing to kill the processes of uid {uid}: not a sandbox uid")
-    give_up = time.monotonic() + patience_s
-    while pids := _live_pids(uid):
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if time.monotonic() > give_up:
-            logger.error("sandbox: processes %s of uid %d survive SIGKILL", pids, uid)
-            return
-        time.sleep(0.001)
-
-
-def _live_pids(uid: int) -> list[int]:
-    """Processes whose real uid is `uid`, from /proc/<pid>/status (the owner of /proc/<pid> would be cheaper to
-    read, but a process can hide behind root's by making itself non-dumpable)."""
-    pids, wanted = [], b"\nUid:\t%d\t" % uid
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            fd = os.open(f"/proc/{name}/status", os.O_RDONLY)
-            try:
-                status = os.read(fd, 1024)
-            finally:
-                os.close(fd)
-        except (FileNotFoundError, ProcessLookupError):  # exited while we looked
-            continue
-        if wanted in status and b"\nState:\tZ" not in status:
-            pids.append(int(name))
-    return pids
 
 
 def _world_reachable(path: str) -> bool:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_ray.envs import sandbox
+from agentrl_ray.envs import sandbox, sandbox_uids
 from agentrl_ray.envs.sandbox import SandboxLimits, network_isolation_available, run_command, run_python
 
 pytestmark = pytest.mark.timeout(60)
@@ -120,7 +120,7 @@ def test_fork_bomb_is_contained_and_cleaned_up():
     assert r.timed_out
     assert 1 <= len(set(pids)) < limits.max_processes  # the process limit held
     if IS_ROOT:
-        assert sandbox._live_pids(uid) == []  # everything was killed
+        assert sandbox_uids.live_pids(uid) == []  # everything was killed
     assert subprocess.run(["true"]).returncode == 0  # the host can still fork
     assert run_python("print('fine')").stdout == "fine\n"
 
@@ -129,7 +129,7 @@ def test_fork_bomb_is_contained_and_cleaned_up():
 def test_processes_that_leave_the_process_group_are_killed_when_the_run_ends():
     code = "import os, subprocess\np = subprocess.Popen(['sleep', '60'], start_new_session=True)\nprint(os.getuid())"
     r = run_python(code)
-    assert r.exit_code == 0 and sandbox._live_pids(int(r.stdout)) == []
+    assert r.exit_code == 0 and sandbox_uids.live_pids(int(r.stdout)) == []
 
 
 @needs_netns
