@@ -233,6 +233,8 @@ class LearnerConfig:
     """Steps of linear learning-rate warm-up."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm."""
+    max_nonfinite_steps: int = 3
+    """Steps in a row whose loss or gradients are NaN/inf (each skipped, weights kept) before the run stops."""
     micro_batch_size: int = 32
     """Sequences per forward/backward on one rank."""
     torch_threads: int = 0
@@ -550,6 +552,7 @@ def validate(cfg: Config) -> None:
     need(lr.lr > 0, "learner.lr must be > 0")
     need(len(lr.betas) == 2, "learner.betas must hold two numbers")
     need(lr.micro_batch_size >= 1, "learner.micro_batch_size must be at least 1")
+    need(lr.max_nonfinite_steps >= 1, "learner.max_nonfinite_steps must be at least 1")
     need(lr.zero_stage in (0, 1, 2, 3), "learner.zero_stage must be 0, 1, 2 or 3")
     need(
         not (lr.lora.enabled and lr.backend == "deepspeed" and lr.zero_stage == 3),

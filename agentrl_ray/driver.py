@@ -12,16 +12,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agentrl_ray import preflight
+from agentrl_ray import preflight, resume
 from agentrl_ray.config import Config, ConfigError
 from agentrl_ray.data import load_rows
+from agentrl_ray.outputs import atomic_write_text
 from agentrl_ray.threads import ThreadPolicy
 
 log = logging.getLogger("agentrl_ray")
 # Ray folds log lines that differ only in numbers into "[repeated Nx]", which would hide most per-step lines. Read
 # once when Ray is imported, so set before that.
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-SNAPSHOT = "checkpoint_manager_snapshot.json"
+SNAPSHOT = resume.SNAPSHOT
 
 
 def resolve_model(path: str) -> str:
@@ -43,11 +44,16 @@ def resolve_model(path: str) -> str:
     return str(folder.resolve())
 
 
-def check_run_dir(cfg: Config) -> None:
-    """Never silently overwrite or silently restart a run: resume must be asked for, and possible."""
-    from agentrl_ray.storage import checkpoint_root, exists
+def check_run_dir(cfg: Config) -> Path | None:
+    """Never silently overwrite or silently restart a run: resume must be asked for, and possible. On resume, repair
+    what a crash tore and return the checkpoint to resume from when Ray Train's snapshot cannot say (resume.py)."""
+    from agentrl_ray.storage import checkpoint_root, exists, is_uri
 
-    has_checkpoint = exists(checkpoint_root(cfg.run.output_dir, cfg.run.storage_path), f"{cfg.run.name}/{SNAPSHOT}")
+    root = checkpoint_root(cfg.run.output_dir, cfg.run.storage_path)
+    local = None if is_uri(root) else Path(root) / cfg.run.name  # cloud storage: not verified here
+    has_checkpoint = exists(root, f"{cfg.run.name}/{SNAPSHOT}") or (
+        local is not None and any(local.glob("checkpoint_*/trainer_state.pt"))
+    )
     if has_checkpoint and not cfg.run.resume:
         raise ConfigError(
             f"{cfg.run_dir} already holds checkpoints of a run named {cfg.run.name!r}: pass "
@@ -57,6 +63,10 @@ def check_run_dir(cfg: Config) -> None:
         raise ConfigError(f"run.resume=true but {cfg.run_dir} holds no checkpoint to resume from")
     if not cfg.run.resume and (cfg.run_dir / "metrics.jsonl").exists():
         (cfg.run_dir / "metrics.jsonl").unlink()  # a previous attempt that never checkpointed
+    if not cfg.run.resume:
+        return None
+    resume.repair_metrics(cfg.run_dir / "metrics.jsonl")
+    return resume.prepare(local) if local is not None else None
 
 
 def init_ray(cfg: Config, threads: ThreadPolicy) -> None:
@@ -93,12 +103,13 @@ def place(cfg: Config, model_path: str):
 
 def train(cfg: Config) -> dict[str, Any]:
     """Run training end to end; returns the last reported metrics."""
-    check_run_dir(cfg)
+    resume_from = check_run_dir(cfg)
     model_path = resolve_model(cfg.model.path)
     train_rows = load_rows(cfg.data.train, cfg.data, split="train", size=cfg.data.train_size)
     eval_rows = load_rows(cfg.data.eval, cfg.data, split="eval", size=cfg.data.eval_size)
     preflight.check(cfg, model_path, train_rows, eval_rows)  # bad input fails here, before Ray starts
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(cfg.run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2))
     # The actors' environment depends only on overlap and the learner's device, known before the plan.
     init_ray(cfg, ThreadPolicy.of(cfg))
 
@@ -138,6 +149,7 @@ def train(cfg: Config) -> dict[str, Any]:
                 storage_path=storage,
                 checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints or None),
             ),
+            resume_from_checkpoint=ray.train.Checkpoint(str(resume_from)) if resume_from else None,
         )
         result = trainer.fit()
     finally:
@@ -154,5 +166,5 @@ def train(cfg: Config) -> dict[str, Any]:
         "checkpoint": result.checkpoint.path if result.checkpoint else None,
         **{k: v for k, v in metrics.items() if k.startswith("eval/")},
     }
-    (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    atomic_write_text(cfg.run_dir / "summary.json", json.dumps(summary, indent=2))
     return metrics

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from agentrl_ray.algorithms import LossNorm, compute_loss, echo_coeff_at, token_logprobs_and_entropy
 from agentrl_ray.config import Config
+from agentrl_ray.learner import guards
 from agentrl_ray.learner.batching import build_batch, micro_batches, shard
 from agentrl_ray.learner.feed import PromptSampler, RolloutFeed
 from agentrl_ray.learner.policy import TRAINER_STATE, Policy
@@ -55,7 +56,9 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
     sums: dict[str, float] = {}
     t_opt = 0.0
     lr = lc.lr * min(1.0, (step + 1) / lc.warmup_steps) if lc.warmup_steps else lc.lr
+    skipped = 0
     for _ in range(a.num_iterations):
+        finite = True
         for i, (mb, weight) in enumerate(mbs):
             last = i == len(mbs) - 1
             with policy.grad_sync_context(last):
@@ -72,9 +75,14 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
                     echo=cfg.echo,
                     ref_logprobs=refs[i],
                 )
+                finite &= bool(torch.isfinite(loss))
                 policy.backward(loss * weight, last)
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v * weight * len(mb)
+        if not guards.step_is_finite(policy, finite):  # keep the last good weights (learner/guards.py)
+            guards.skip_step(policy, step)
+            skipped += 1
+            continue
         t0 = time.perf_counter()
         sums["grad_norm"] = sums.get("grad_norm", 0.0) + policy.step(lr) * len(mine)
         t_opt += time.perf_counter() - t0
@@ -83,6 +91,7 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
     out["time/optimizer_s"] = t_opt
     out["loss/world_model_coeff"] = coeff
     out["loss/lr"] = lr
+    out["loss/skipped_nonfinite"] = skipped
     return out
 
 
@@ -190,6 +199,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     start, samples = state["step"], state["samples"]
     sampler = PromptSampler(config["train_rows"], cfg.rollout.prompts_per_step, cfg.run.seed)
     log = feed = sender = None
+    nonfinite_in_a_row = 0
     if rank == 0:
         sender = make_sender(cfg, policy.lora_scaling)
         sender.setup(pool.workers)
@@ -214,6 +224,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if groups:
             metrics.update(update(policy, groups, cfg, step, pad_id))
         t_learn = time.perf_counter() - t0
+        nonfinite_in_a_row = nonfinite_in_a_row + 1 if metrics.get("loss/skipped_nonfinite") else 0
+        guards.check_consecutive(nonfinite_in_a_row, cfg.learner.max_nonfinite_steps, step)
         # sync: rank 0 pushes the new weights to every engine
         t_wait = t_sync = 0.0
         if rank == 0:

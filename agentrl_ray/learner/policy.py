@@ -180,7 +180,7 @@ class Policy:
         torch.save(state, path / TRAINER_STATE)
 
     def load(self, path: Path) -> dict[str, Any]:
-        state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+        state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True)  # no code runs on load
         if self.lora_scaling is not None:
             from peft import set_peft_model_state_dict
             from safetensors.torch import load_file
