@@ -11,14 +11,15 @@ is probed once per process; when one is missing the run is REFUSED (an error res
 in the result (`uid_isolated`, `namespaced`, `cgroup_limited`, `network_isolated`). Never silently weaker.
 - Its own process group (`start_new_session`). The wall-clock limit is enforced from the parent by
   `os.killpg(SIGKILL)`, never `signal.alarm` (which misbehaves inside Ray actors).
-- Namespaces (`unshare --mount --ipc --pid --fork --kill-child --mount-proc --net`): a launcher shell, still root
-  inside them, joins the cgroup, mounts a fresh size-limited tmpfs (`disk_mb`) on each of /tmp, /var/tmp and
-  /dev/shm, and copies the working directory into the private /tmp. Consequences:
+- Namespaces (`unshare --mount --ipc --pid --fork --kill-child --mount-proc --net`): a launcher
+  (`sandbox_init.pl`), still root inside them, joins the cgroup, mounts a fresh size-limited tmpfs (`disk_mb`,
+  nosuid, nodev) on each of /tmp, /var/tmp and /dev/shm, and copies the working directory into the private /tmp.
+  Consequences:
   * Nothing a run writes to /tmp, /var/tmp or /dev/shm (POSIX shared memory included) is seen by anyone else or
     outlives it: the mounts die with the namespace. Files in them count against the memory cgroup.
   * Its SysV shared memory, message queues and semaphores live in its own IPC namespace and die with it.
   * Its own PID namespace and /proc: it sees only its own processes (not the trainer's command lines or
-    environment). A small perl init is pid 1; it reaps orphans, forwards the program's exact wait status, and when
+    environment). The launcher stays as pid 1: it reaps orphans, forwards the program's exact wait status, and when
     the program exits, the kernel kills everything left in the namespace (`setsid` escapees included).
   * No network: only a downed loopback, so even 127.0.0.1 (Ray, the dashboard, vLLM servers) is unreachable
     (ENETUNREACH), unless `network=True`.
@@ -200,11 +201,13 @@ def run_command(
         finally:
             proc.stdout.close()
             proc.stderr.close()
-            exit_code = _init_status(status_r, proc.wait())
+            exit_code, reported = _init_status(status_r, proc.wait())
         oom_killed = cgroup is not None and cgroup.oom_kills() > oom_before
         peak = cgroup.peak_bytes() if cgroup else None
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
     error = _explain(exit_code, stderr, timed_out, limits, oom_killed)
+    if layers.namespaced and not reported and not timed_out and not oom_killed and exit_code >= 0:
+        error = f"the sandbox could not be set up (exit {exit_code}): {stderr.strip()[-500:]}"
     result = SandboxResult(stdout, stderr, exit_code, timed_out, truncated, error, time.monotonic() - start)
     result.memory_peak_mb = None if peak is None else peak / (1 << 20)
     return layers.stamp(result)
@@ -252,17 +255,8 @@ def _namespace_probe(args: tuple[str, ...], mount_tmpfs: bool = False) -> str | 
     return None if done.returncode == 0 else f"`unshare {' '.join(args)}` failed: {done.stderr.strip()}"
 
 
-# The PID namespace's init (pid 1): runs the program as its child, reaps orphans, and writes the program's raw wait
-# status to `status_fd` (the parent's pipe), which the program never sees. Not the program itself as pid 1: the
-# kernel ignores default-action signals sent to a namespace's init (SIGXCPU, SIGXFSZ, its own SIGTERM), and a shell
-# or `timeout` as init would report a death by signal n as exit 128+n, indistinguishable from `exit(128+n)`.
-# perl-base is part of every Debian/Ubuntu install and starts in ~2 ms (Python: ~15 ms).
-_INIT = (
-    'my $fd = shift; my $pid = fork; defined $pid or die "fork: $!";'
-    ' if (!$pid) { open(my $s, ">&=", $fd) and close($s); exec {$ARGV[0]} @ARGV or exit 127 }'
-    " my $st; while ((my $w = wait) > 0) { if ($w == $pid) { $st = $?; last } }"
-    ' open(my $s, ">&=", $fd) or exit 125; print $s "$st"; close $s; exit 0'
-)
+_INIT = Path(__file__).with_name("sandbox_init.pl")  # the namespace's launcher and init: read it for why
+_MOUNT_SYSCALL = {"x86_64": 165, "aarch64": 40}.get(os.uname().machine, 0)  # 0: the init runs `mount` instead
 _PRIVATE_NS = ("--mount", "--ipc", "--pid", "--fork", "--kill-child", "--mount-proc")
 
 
@@ -304,21 +298,20 @@ class _Layers:
 def _wrap(
     argv: list[str], limits: SandboxLimits, uid: int | None, layers: _Layers, cgroup, workdir: str, status_fd: int
 ) -> list[str]:
-    """unshare (namespaces) -> sh (as root in them: join the cgroup, mount the tmpfs dirs, copy the work dir in)
-    -> the PID namespace's init (`_INIT`) -> setpriv (uid drop, as root) -> prlimit (rlimits) -> argv. Each but the
-    init execs the next."""
+    """unshare (namespaces) -> sandbox_init.pl (as root in them: join the cgroup, mount the tmpfs dirs, copy the
+    work dir in; then the PID namespace's init) -> setpriv (uid drop, as root) -> prlimit (rlimits) -> argv. Each
+    but the init execs the next."""
     cmd: list[str] = []
     ns = [*_namespace_args(network=not layers.isolate_net), *(_PRIVATE_NS if layers.namespaced else ())]
     if ns and _namespace_probe(tuple(_namespace_args(network=not layers.isolate_net))) is None:
         cmd += [shutil.which("unshare"), *ns, "--"]
-    script = [f"echo 0 > {shlex.quote(str(f))}" for f in (cgroup.procs_files() if cgroup else [])]
+    procs = [str(f) for f in (cgroup.procs_files() if cgroup else [])]
     if layers.namespaced:
         size = f"size={limits.disk_mb}m,nr_inodes={max(1024, 256 * limits.disk_mb)},mode=1777"
-        script += [f"mount -t tmpfs -o {size} agentrl-sandbox {d}" for d in ("/tmp", "/var/tmp", "/dev/shm")]
-        script += [f"cp -a . {shlex.quote(workdir)}", f"cd {shlex.quote(workdir)}", "unset OLDPWD PWD"]
-    if script:
-        init = f"{_require('perl')} -e {shlex.quote(_INIT)} {status_fd} " if layers.namespaced else ""
-        cmd += [_require("sh"), "-ec", "\n".join([*script, f'exec {init}"$@"']), "sh"]
+        cmd += [_require("perl"), str(_INIT), str(status_fd), str(_MOUNT_SYSCALL), size, workdir, *procs, "--"]
+    elif procs:  # no namespaces (require_isolation=False): only join the cgroup
+        joins = [f"echo 0 > {shlex.quote(f)}" for f in procs]
+        cmd += [_require("sh"), "-ec", "\n".join([*joins, 'exec "$@"']), "sh"]
     if uid is not None:
         cmd += [_require("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         cmd += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
@@ -333,16 +326,18 @@ def _wrap(
     return [*cmd, "--", *argv]
 
 
-def _init_status(status_r: int, launcher_status: int) -> int:
-    """The program's exit code (negative: its signal) as the namespace's init saw it; the launcher's own where the
-    init never reported (no PID namespace, or everything was killed first). Closes `status_r`."""
+def _init_status(status_r: int, launcher_status: int) -> tuple[int, bool]:
+    """The program's exit code (negative: its signal) as the namespace's init saw it, and True; else the launcher's
+    own and False (no PID namespace, everything was killed first, or the setup failed). Closes `status_r`."""
     try:
         raw = os.read(status_r, 64)
     except BlockingIOError:
         raw = b""
     finally:
         os.close(status_r)
-    return os.waitstatus_to_exitcode(int(raw)) if raw.strip().isdigit() else launcher_status
+    if raw.strip().isdigit():
+        return os.waitstatus_to_exitcode(int(raw)), True
+    return launcher_status, False
 
 
 def _child_env(workdir: str) -> dict[str, str]:

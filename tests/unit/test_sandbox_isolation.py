@@ -154,7 +154,7 @@ DRIVER = textwrap.dedent(
 
 def test_as_non_root_it_refuses_by_default_and_never_runs_weaker_silently():
     # A real unprivileged user runs a small driver with the system Python (our venv is under /root, 0700): only
-    # the sandbox's two stdlib-only modules are copied for it, into a directory that user can read.
+    # the sandbox's stdlib-only modules are copied for it, into a directory that user can read.
     tmp_path = Path(tempfile.mkdtemp(prefix="agentrl-nonroot-test-"))
     try:
         _run_as_non_root(tmp_path)
@@ -167,7 +167,7 @@ def _run_as_non_root(tmp_path: Path) -> None:
     package.mkdir(parents=True)
     for name in ("agentrl_ray/__init__.py", "agentrl_ray/envs/__init__.py"):
         (tmp_path / name).write_text("")
-    for name in ("sandbox.py", "cgroups.py"):
+    for name in ("sandbox.py", "sandbox_uids.py", "sandbox_init.pl", "cgroups.py"):
         shutil.copy(REPO / "agentrl_ray" / "envs" / name, package / name)
     (tmp_path / "driver.py").write_text(DRIVER)
     for path in [tmp_path, *tmp_path.rglob("*")]:
