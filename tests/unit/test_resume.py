@@ -89,7 +89,7 @@ def test_a_trainer_state_that_would_run_code_is_refused(tmp_path):
             return (print, ("pwned",))
 
     with open(folder / "trainer_state.pt", "wb") as f:
-        pickle.dump({"step": 2, "x": Payload()}, f)
+        pickle.dump({"step": 2, "x": Payload()}, f, protocol=2)
     assert "does not load (UnpicklingError" in resume.verify_checkpoint(folder)
 
 
