@@ -45,6 +45,17 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def wandb_run_id(run_dir: Path, name: str, now: float) -> str:
+    """The wandb run id of this run directory: made on its first start, kept in `wandb_id`, so a resumed run
+    continues the same wandb run instead of starting a new one."""
+    path = run_dir / "wandb_id"
+    if path.exists():
+        return path.read_text().strip()
+    run_id = f"{name}-{int(now)}"
+    atomic_write_text(path, run_id)
+    return run_id
+
+
 class MetricsLog:
     def __init__(self, run_dir: Path, cfg: RunConfig, full_config: dict[str, Any], total_steps: int) -> None:
         self.path = run_dir / "metrics.jsonl"
@@ -62,7 +73,7 @@ class MetricsLog:
                 mode=cfg.wandb_mode,
                 dir=str(run_dir),
                 resume="allow",
-                id=f"{cfg.name}-{int(self.start)}",
+                id=wandb_run_id(run_dir, cfg.name, self.start),
             )
 
     def truncate_after(self, step: int) -> None:
