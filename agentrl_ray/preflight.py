@@ -70,7 +70,12 @@ def check_reset(env_class: type, kwargs: dict[str, Any], rows: list[dict], where
     """Call `reset(**row)` on a fresh environment for each sampled row; {row index: the text it returned}."""
     extras = {}
     for i in sample_indices(len(rows)):
-        env = env_class(**kwargs)
+        try:
+            env = env_class(**kwargs)
+        except Exception as e:
+            raise ConfigError(
+                f"{env_class.__name__}(**env.kwargs) raised {type(e).__name__}: {e} (env.kwargs: {kwargs})"
+            ) from e
         try:
             text = _call(env.reset, **rows[i])
         except Exception as e:

@@ -21,6 +21,8 @@ class NeedsTarget:
     closed = 0
 
     def __init__(self, level: int = 1):
+        if level < 0:
+            raise ValueError("level must be >= 0")
         self.level = level
 
     def reset(self, target: int, **row: Any) -> str:
@@ -99,6 +101,8 @@ def test_a_column_reset_needs_names_the_row_and_the_exception(builtin_model_path
 def test_env_kwargs_that_do_not_fit_the_constructor(builtin_model_path):
     with pytest.raises(ConfigError, match=r"env.kwargs \['levle'\] do not fit the constructor .*NeedsTarget\(level"):
         preflight.check(config('env.kwargs={"levle": 2}'), builtin_model_path, rows(), rows(10))
+    with pytest.raises(ConfigError, match=r"NeedsTarget\(\*\*env.kwargs\) raised ValueError: level must be >= 0"):
+        preflight.check(config('env.kwargs={"level": -1}'), builtin_model_path, rows(), rows(10))
     preflight.check(config('env.kwargs={"level": 2}'), builtin_model_path, rows(), rows(10))
 
 
