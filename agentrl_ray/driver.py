@@ -141,6 +141,7 @@ def train(cfg: Config) -> dict[str, Any]:
                 "train_rows": train_rows,
                 "eval_rows": eval_rows,
                 "log": metrics_log,
+                "resume_from": str(resume_from) if resume_from else None,
             },
             torch_config=TorchConfig(backend="nccl" if lc.use_gpu else "gloo"),
             scaling_config=learner_scaling(plan, lc.use_gpu),
@@ -149,7 +150,6 @@ def train(cfg: Config) -> dict[str, Any]:
                 storage_path=storage,
                 checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints or None),
             ),
-            resume_from_checkpoint=ray.train.Checkpoint(str(resume_from)) if resume_from else None,
         )
         result = trainer.fit()
     finally:

@@ -8,8 +8,9 @@ folder, `prepare` on the checkpoint folder when it is local; cloud storage is le
 2. `checkpoint_manager_snapshot.json` (Ray Train's record of its checkpoints): when it parses and the checkpoint it
    names as latest verifies (`verify_checkpoint`), Ray Train resumes as usual and `prepare` returns None.
 3. Otherwise the snapshot is moved aside (`*.corrupt-<time>`), so is an unverifiable latest checkpoint folder,
-   and `prepare` returns the newest checkpoint folder that verifies: the driver hands it to the TorchTrainer as
-   `resume_from_checkpoint`. None verifying is a ConfigError that says what was found.
+   and `prepare` returns the newest checkpoint folder that verifies: the driver passes it to the learner in its
+   loop config (`resume_from`), which loads it when Ray Train has no checkpoint of its own (Ray Train v2 refuses
+   `resume_from_checkpoint`). None verifying is a ConfigError that says what was found.
 """
 
 from __future__ import annotations

@@ -170,10 +170,14 @@ def save_checkpoint(policy: Policy, tokenizer, state: dict[str, Any], rank: int,
         )
 
 
-def restore(policy: Policy) -> dict[str, Any] | None:
+def restore(policy: Policy, fallback: str | None = None) -> dict[str, Any] | None:
+    """Load Ray Train's latest checkpoint, or `fallback` (a verified folder chosen by resume.prepare when Ray
+    Train's snapshot was unusable; Ray Train v2 refuses `resume_from_checkpoint`)."""
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None and fallback:
+        checkpoint = ray.train.Checkpoint(fallback)
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as path:
@@ -195,7 +199,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     policy = Policy(model_path, cfg.model, cfg.learner, need_reference=cfg.algorithm.beta > 0)
-    state = restore(policy) or {"step": 0, "samples": 0}
+    state = restore(policy, config.get("resume_from")) or {"step": 0, "samples": 0}
     start, samples = state["step"], state["samples"]
     sampler = PromptSampler(config["train_rows"], cfg.rollout.prompts_per_step, cfg.run.seed)
     log = feed = sender = None
