@@ -23,7 +23,7 @@ from agentrl_ray.config import Config, ConfigError
 
 SAMPLE_ROWS = 16
 # What the rollout worker passes to reward functions besides the dataset columns (see rollout/worker.py, TRL's names).
-_REWARD_ARGUMENTS = frozenset({"prompts", "completions", "trajectories", "env_rewards"})
+_REWARD_ARGUMENTS = frozenset({"prompts", "completions", "episode_stats", "env_rewards"})
 # Dataset columns the worker withholds from reward functions (TRL passes the prompts as `prompts` instead).
 _WITHHELD = frozenset({"prompt", "completion", "completion_ids"})
 

@@ -25,6 +25,7 @@ LAYERS = {
     "placement": 0,  # the plan: a pure function of (nodes, config)
     "storage": 0,
     "hub": 0,
+    "resume": 0,  # repairs a run directory before Ray starts (config, outputs, torch)
     # roles, lowest first
     "envs": 1,
     "rewards": 2,
@@ -32,6 +33,7 @@ LAYERS = {
     "cluster": 2,  # the plan on a live Ray cluster (placement groups, node checks); driver-side
     "rollout": 3,
     "builtin_model": 3,  # builds the default model from the calculator env's tools
+    "preflight": 3,  # the driver's dry pass over the data with the env class and the reward functions
     "learner": 4,
     "driver": 5,
     "plan_cmd": 5,
