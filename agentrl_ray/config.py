@@ -243,6 +243,8 @@ class LearnerConfig:
     """Floor of a linear/cosine decay, as a fraction of learner.lr."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm."""
+    max_nonfinite_steps: int = 3
+    """Steps in a row whose loss or gradients are NaN/inf (each skipped, weights kept) before the run stops."""
     micro_batch_size: int = 32
     """Sequences per forward/backward on one rank."""
     torch_threads: int = 0
@@ -431,12 +433,22 @@ def _check_value(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: unsupported config type {tp!r}")
 
 
+# Keys that old configs may still set, and what to do instead.
+REMOVED_KEYS = {
+    "reward.answer_column": "it was never read. answer_match compares against the dataset's `answer` column: "
+    "rename your column to `answer`, or pass a reward function of your own that reads it",
+}
+
+
 def _build(cls: type, data: dict[str, Any], where: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
+    prefix = f"{where}." if where else ""
+    for key in unknown:
+        if prefix + key in REMOVED_KEYS:
+            raise ConfigError(f"config key {prefix + key} was removed: {REMOVED_KEYS[prefix + key]}")
     if unknown:
-        prefix = f"{where}." if where else ""
         raise ConfigError(
             f"unknown config key(s): {', '.join(prefix + k for k in unknown)} "
             f"(valid keys under {where or 'the top level'}: {', '.join(sorted(names))})"
@@ -609,6 +621,7 @@ def validate(cfg: Config) -> None:
     need(lr.lr > 0, "learner.lr must be > 0")
     need(len(lr.betas) == 2, "learner.betas must hold two numbers")
     need(lr.micro_batch_size >= 1, "learner.micro_batch_size must be at least 1")
+    need(lr.max_nonfinite_steps >= 1, "learner.max_nonfinite_steps must be at least 1")
     need(lr.zero_stage in (0, 1, 2, 3), "learner.zero_stage must be 0, 1, 2 or 3")
     need(
         not (lr.lora.enabled and lr.backend == "deepspeed" and lr.zero_stage == 3),

@@ -12,15 +12,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from agentrl_ray import preflight, resume
 from agentrl_ray.config import Config, ConfigError
 from agentrl_ray.data import load_rows
+from agentrl_ray.outputs import atomic_write_text
 from agentrl_ray.threads import ThreadPolicy
 
 log = logging.getLogger("agentrl_ray")
 # Ray folds log lines that differ only in numbers into "[repeated Nx]", which would hide most per-step lines. Read
 # once when Ray is imported, so set before that.
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-SNAPSHOT = "checkpoint_manager_snapshot.json"
+SNAPSHOT = resume.SNAPSHOT
 
 
 def resolve_model(path: str) -> str:
@@ -42,11 +44,16 @@ def resolve_model(path: str) -> str:
     return str(folder.resolve())
 
 
-def check_run_dir(cfg: Config) -> None:
-    """Never silently overwrite or silently restart a run: resume must be asked for, and possible."""
-    from agentrl_ray.storage import checkpoint_root, exists
+def check_run_dir(cfg: Config) -> Path | None:
+    """Never silently overwrite or silently restart a run: resume must be asked for, and possible. On resume, repair
+    what a crash tore and return the checkpoint to resume from when Ray Train's snapshot cannot say (resume.py)."""
+    from agentrl_ray.storage import checkpoint_root, exists, is_uri
 
-    has_checkpoint = exists(checkpoint_root(cfg.run.output_dir, cfg.run.storage_path), f"{cfg.run.name}/{SNAPSHOT}")
+    root = checkpoint_root(cfg.run.output_dir, cfg.run.storage_path)
+    local = None if is_uri(root) else Path(root) / cfg.run.name  # cloud storage: not verified here
+    has_checkpoint = exists(root, f"{cfg.run.name}/{SNAPSHOT}") or (
+        local is not None and any(local.glob("checkpoint_*/trainer_state.pt"))
+    )
     if has_checkpoint and not cfg.run.resume:
         raise ConfigError(
             f"{cfg.run_dir} already holds checkpoints of a run named {cfg.run.name!r}: pass "
@@ -56,6 +63,10 @@ def check_run_dir(cfg: Config) -> None:
         raise ConfigError(f"run.resume=true but {cfg.run_dir} holds no checkpoint to resume from")
     if not cfg.run.resume and (cfg.run_dir / "metrics.jsonl").exists():
         (cfg.run_dir / "metrics.jsonl").unlink()  # a previous attempt that never checkpointed
+    if not cfg.run.resume:
+        return None
+    resume.repair_metrics(cfg.run_dir / "metrics.jsonl")
+    return resume.prepare(local) if local is not None else None
 
 
 def init_ray(cfg: Config, threads: ThreadPolicy) -> None:
@@ -81,8 +92,8 @@ def place(cfg: Config, model_path: str):
     plan = plan_for_cluster(cfg)  # a plan the cluster cannot hold fails here, saying what is missing
     apply_plan(cfg, plan)
     log.info("%s", plan.describe())
-    (cfg.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    (cfg.run_dir / "placement.json").write_text(json.dumps(plan.to_dict(), indent=2))
+    atomic_write_text(cfg.run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2))  # as planned
+    atomic_write_text(cfg.run_dir / "placement.json", json.dumps(plan.to_dict(), indent=2))
     storage = checkpoint_root(cfg.run.output_dir, cfg.run.storage_path)
     check_shared_storage(storage, plan)
     if hub.is_hub_id(cfg.model.path):
@@ -93,10 +104,11 @@ def place(cfg: Config, model_path: str):
 def train(cfg: Config, pool=None) -> dict[str, Any]:
     """Run training end to end; returns the last reported metrics. `pool`: a RolloutPool to train with instead of
     new engines (tests inspect the engines afterwards); its owner shuts it down."""
-    check_run_dir(cfg)
+    resume_from = check_run_dir(cfg)
     model_path = resolve_model(cfg.model.path)
     train_rows = load_rows(cfg.data.train, cfg.data, split="train", size=cfg.data.train_size)
     eval_rows = load_rows(cfg.data.eval, cfg.data, split="eval", size=cfg.data.eval_size)
+    preflight.check(cfg, model_path, train_rows, eval_rows)  # bad input fails here, before Ray starts
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     # The actors' environment depends only on overlap and the learner's device, known before the plan.
     init_ray(cfg, ThreadPolicy.of(cfg))
@@ -130,6 +142,7 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
                 "train_rows": train_rows,
                 "eval_rows": eval_rows,
                 "log": metrics_log,
+                "resume_from": str(resume_from) if resume_from else None,
             },
             torch_config=TorchConfig(backend="nccl" if lc.use_gpu else "gloo"),
             scaling_config=learner_scaling(plan, lc.use_gpu),
@@ -158,5 +171,5 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
     stop = cfg.run_dir / "stop.json"  # learner/watch.py: why the run ended, health, early stopping
     if stop.exists():
         summary.update(json.loads(stop.read_text()))
-    (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    atomic_write_text(cfg.run_dir / "summary.json", json.dumps(summary, indent=2))
     return metrics

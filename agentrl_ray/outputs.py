@@ -2,17 +2,58 @@
 
 All of them are written on the driver's node, in the folder the user looks in (`storage.py`): `MetricsLog` runs as
 a small actor pinned there (`start_driver_log`), learner rank 0 sends it each step's record through `LogClient`
-wherever rank 0 runs, and the driver draws the plot when training ends."""
+wherever rank 0 runs, and the driver draws the plot when training ends.
+
+Files that are rewritten whole (config.json, summary.json, a truncated metrics.jsonl) go through `atomic_write_*`:
+a crash leaves the old file or the new one, never half of one. metrics.jsonl is appended one line per step; a line
+torn by a crash is cut off on resume (`resume.repair_metrics`).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from agentrl_ray.config import RunConfig
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, fsync it, rename it over `path`, fsync the directory."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power loss
+    finally:
+        os.close(dir_fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def wandb_run_id(run_dir: Path, name: str, now: float) -> str:
+    """The wandb run id of this run directory: made on its first start, kept in `wandb_id`, so a resumed run
+    continues the same wandb run instead of starting a new one."""
+    path = run_dir / "wandb_id"
+    if path.exists():
+        return path.read_text().strip()
+    run_id = f"{name}-{int(now)}"
+    atomic_write_text(path, run_id)
+    return run_id
 
 
 class MetricsLog:
@@ -32,7 +73,7 @@ class MetricsLog:
                 mode=cfg.wandb_mode,
                 dir=str(run_dir),
                 resume="allow",
-                id=f"{cfg.name}-{int(self.start)}",
+                id=wandb_run_id(run_dir, cfg.name, self.start),
             )
 
     def truncate_after(self, step: int) -> None:
@@ -40,7 +81,7 @@ class MetricsLog:
         if not self.path.exists():
             return
         keep = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln).get("step", 0) <= step]
-        self.path.write_text("".join(ln + "\n" for ln in keep))
+        atomic_write_text(self.path, "".join(ln + "\n" for ln in keep))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": round(time.time() - self.start, 2), **metrics}

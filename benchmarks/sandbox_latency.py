@@ -4,7 +4,8 @@
     python benchmarks/sandbox_latency.py --concurrent 1024 --code "print(sum(range(10**6)))"
 
 CPU only (no GPU involved). Start cost is the median time of `run_python("pass")` run one after another, next to
-the same interpreter started bare (`python -I -c pass`), so the difference is what the sandbox adds. The
+the same interpreter started bare (`python -I -c pass`), so the difference is what the sandbox adds; also as CPU
+time (this process plus every process the run started), which other load on the machine barely changes. The
 concurrent phase submits every run to a thread pool at once (one thread per run, as an env actor under load would)
 and releases them together; a run's latency is from that release to its result (queueing for the 2 cores and
 for the parent's GIL included). Reports latency percentiles, wall time and runs/s. Results are in docs/sandbox.md.
@@ -32,22 +33,34 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def cpu_s() -> float:
+    """CPU seconds of this process and of its reaped descendants (every process a run starts is reaped)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def start_cost(n: int) -> dict:
     python = sandbox_python()
-    bare, sandboxed = [], []
+    bare, sandboxed, bare_cpu, sandboxed_cpu = [], [], [], []
     for _ in range(n):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_s()
         subprocess.run([python, "-I", "-c", "pass"], check=True)
         bare.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        bare_cpu.append(cpu_s() - c0)
+        t0, c0 = time.perf_counter(), cpu_s()
         result = run_python("pass")
         sandboxed.append(time.perf_counter() - t0)
+        sandboxed_cpu.append(cpu_s() - c0)
         assert result.exit_code == 0, result
     return {
         "python": python,
         "bare_ms": 1000 * statistics.median(bare),
+        "bare_cpu_ms": 1000 * statistics.median(bare_cpu),
+        "sandbox_cpu_ms": 1000 * statistics.median(sandboxed_cpu),
         "sandbox_ms": 1000 * statistics.median(sandboxed),
         "sandbox_p90_ms": 1000 * percentile(sandboxed, 0.9),
+        "sandbox_p99_ms": 1000 * percentile(sandboxed, 0.99),
+        "layers": {k: getattr(result, k) for k in ("uid_isolated", "namespaced", "cgroup_limited", "network_isolated")},
     }
 
 

@@ -5,55 +5,62 @@ use whatever the environment lets it do (loop forever, fork, allocate, flood std
 reward is computed, talk to the network, meddle with a sibling rollout). The sandbox contains those; it is NOT a
 security boundary against a determined attacker with a kernel exploit.
 
-How each run is built (`python -I` for code, or any argv), as measured on our 2-core Linux 6.x workers:
+How each run is built (`python -I` for code, or any argv), as measured on our 2-core Linux 6.x workers. Each layer
+is probed once per process; when one is missing the run is REFUSED (an error result) unless
+`SandboxLimits(require_isolation=False)`, which runs with what there is, warns once and reports the missing layers
+in the result (`uid_isolated`, `namespaced`, `cgroup_limited`, `network_isolated`). Never silently weaker.
 - Its own process group (`start_new_session`). The wall-clock limit is enforced from the parent by
   `os.killpg(SIGKILL)`, never `signal.alarm` (which misbehaves inside Ray actors).
+- Namespaces (`unshare --mount --ipc --pid --fork --kill-child --mount-proc --net`): a launcher
+  (`sandbox_init.pl`), still root inside them, joins the cgroup, mounts a fresh size-limited tmpfs (`disk_mb`,
+  nosuid, nodev) on each of /tmp, /var/tmp and /dev/shm, and copies the working directory into the private /tmp.
+  Consequences:
+  * Nothing a run writes to /tmp, /var/tmp or /dev/shm (POSIX shared memory included) is seen by anyone else or
+    outlives it: the mounts die with the namespace. Files in them count against the memory cgroup.
+  * Its SysV shared memory, message queues and semaphores live in its own IPC namespace and die with it.
+  * Its own PID namespace and /proc: it sees only its own processes (not the trainer's command lines or
+    environment). The launcher stays as pid 1: it reaps orphans, forwards the program's exact wait status, and when
+    the program exits, the kernel kills everything left in the namespace (`setsid` escapees included).
+  * No network: only a downed loopback, so even 127.0.0.1 (Ray, the dashboard, vLLM servers) is unreachable
+    (ENETUNREACH), unless `network=True`.
+- A cgroup per uid slot (`cgroups.py`; v2 where the memory and pids controllers can be delegated, else v1):
+  `total_memory_mb` bounds the run's processes together, tmpfs files included (the kernel OOM-kills inside the run;
+  the result says so and reports `memory_peak_mb`), and `max_processes` + 1 bounds its tasks. Its member list makes
+  the final kill exact.
+- As root (our workers): the program runs under its own unprivileged uid, one per concurrent sandbox
+  (`sandbox_uids.py`: `SANDBOX_UID_BASE` + a slot held with `flock`, valid across processes), via `setpriv`, with
+  no supplementary groups, no capabilities (bounding set emptied) and no_new_privs (setuid binaries gain nothing):
+  * RLIMIT_NPROC works. The kernel does not enforce it for uid 0, and it counts every process and thread of a
+    uid, so a shared uid (e.g. `nobody`) would let sandboxes starve each other.
+  * It cannot write the host's files: only its private tmpfs directories.
+  * Sandboxes cannot signal or ptrace each other or the trainer. Processes of the uid still alive when the run
+    ends (there should be none) are found by a /proc scan and killed.
+- As non-root: no separate uid is possible here (it would need a setuid `newuidmap` and /etc/subuid ranges; not
+  used), so the run is refused by default. With `require_isolation=False` it runs as the calling user in a user
+  namespace (`unshare --user --map-root-user` plus the namespaces above: private tmpfs dirs, IPC, PID, network)
+  and CAN write that user's files; no cgroup (not delegated); RLIMIT_NPROC counts the namespace's processes.
 - rlimits set by util-linux `prlimit` right before the exec: RLIMIT_CPU (SIGXCPU at the limit, SIGKILL a second
   later), RLIMIT_AS (allocations fail: Python raises MemoryError), RLIMIT_NPROC, RLIMIT_NOFILE, RLIMIT_FSIZE,
   RLIMIT_CORE=0. No `preexec_fn`: it is unsafe in a threaded parent, and env actors run sandboxes from threads.
-- As root (our workers): the child runs under its own unprivileged uid, one per concurrent sandbox
-  (`SANDBOX_UID_BASE` + a slot held with `flock`, valid across processes), via `setpriv`, with no supplementary
-  groups, no capabilities (bounding set emptied) and no_new_privs (setuid binaries gain nothing). Consequences:
-  * RLIMIT_NPROC works. The kernel does not enforce it for uid 0 (a fork bomb under root is not stopped by it),
-    and it counts every process and thread of a uid, so a shared uid (e.g. `nobody`) would let sandboxes starve
-    each other. With one uid per sandbox the count is exactly that sandbox's processes.
-  * It cannot write the host's files: only its private working directory (mode 0700, owned by its uid, removed
-    after the run) and world-writable places such as /tmp, /var/tmp and /dev/shm.
-  * Sandboxes cannot signal, ptrace or read `/proc/<pid>/environ` of each other or of the trainer.
-  * Processes that escape the process group (`setsid`, daemons) are found by uid (a /proc scan) and killed when
-    the run ends; nothing of a run outlives it.
-- As non-root: the uid cannot change, so the child runs as the calling user and CAN write that user's files. It
-  runs in a user namespace (`unshare --user --map-root-user`), where RLIMIT_NPROC counts only the namespace's
-  processes (measured: without the namespace it counts all of the user's processes). Escaped processes are not
-  reaped. A warning is logged once per process.
-- No network: a fresh network namespace (`unshare --net`, plus `--user --map-root-user` when not root) with only a
-  downed loopback, so even 127.0.0.1 (Ray, the dashboard, vLLM servers) is unreachable (ENETUNREACH). Where no
-  namespace can be created the run goes ahead WITH the host's network, logs a warning, and reports
-  `network_isolated=False`; `SandboxLimits(require_network_isolation=True)` refuses to run instead.
 - A scrubbed environment (PATH, HOME=TMPDIR=workdir, LANG, PYTHONDONTWRITEBYTECODE): no secrets from the parent.
 - stdout/stderr are read as they come; each keeps its first `max_output_bytes`, the rest is drained and dropped.
 
 What is NOT isolated:
 - Same kernel: a kernel bug is an escape. No seccomp filter; every syscall is available.
-- The filesystem is readable wherever "others" may read: the code, the venv, /etc, and /proc (the command lines of
-  every process). Keep secrets in files that are not world-readable (here /root is 0700).
-- /tmp, /var/tmp and /dev/shm are shared and writable; a later run that draws the same uid can read what an
-  earlier one left there. Disk use is bounded per file (RLIMIT_FSIZE), not in total.
-- Memory is bounded per process (RLIMIT_AS) times the process limit, not in aggregate (no cgroup is used, although
-  the cgroup v1 pids and memory controllers are mounted and writable on our workers). CPU time is bounded per
-  process; concurrent sandboxes compete for cores with the trainer.
+- The host filesystem outside the temp dirs is readable wherever "others" may read: the code, the venv, /etc. Keep
+  secrets in files that are not world-readable (here /root is 0700).
+- CPU time is bounded per process; concurrent sandboxes compete for cores with the trainer (no cpu cgroup).
 - The interpreter must be reachable by the sandbox uid. `sys.executable` of our venv lives under /root (0700), so
   as root the sandbox runs the first `python3` on `SANDBOX_PATH` (stdlib only); see `sandbox_python`.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import logging
 import os
-import random
 import select
+import shlex
 import shutil
 import signal
 import stat
@@ -66,12 +73,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl_ray.envs import cgroups
+from agentrl_ray.envs.sandbox_uids import SANDBOX_UID_BASE, kill_uid, sandbox_uid
+
 logger = logging.getLogger(__name__)
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
-SANDBOX_UID_BASE = 2_000_000_000  # far above login users and the usual subuid ranges; below 2**31
-SANDBOX_UID_SLOTS = 4096
-_SLOT_DIR = Path("/run/agentrl_ray-sandbox")  # /run is root-only: a sandbox cannot plant this directory
 _READ_CHUNK = 1 << 16
 _DRAIN_AFTER_KILL_S = 1.0
 
@@ -79,14 +86,29 @@ _DRAIN_AFTER_KILL_S = 1.0
 @dataclass
 class SandboxLimits:
     wall_time_s: float = 10.0
+    """Wall-clock limit of a run, from its start (the parent kills everything at the deadline)."""
     cpu_time_s: int = 10
-    memory_mb: int = 512  # address space per process
-    max_processes: int = 32  # processes and threads together
+    """CPU seconds per process (RLIMIT_CPU)."""
+    memory_mb: int = 512
+    """Address space per process (RLIMIT_AS)."""
+    total_memory_mb: int = 1024
+    """Memory of all of a run's processes together, files in its tmpfs included (a memory cgroup)."""
+    max_processes: int = 32
+    """Processes and threads of a run together (RLIMIT_NPROC under its own uid, and a pids cgroup)."""
     max_open_files: int = 64
+    """Open file descriptors per process (RLIMIT_NOFILE)."""
     max_file_size_mb: int = 16
-    max_output_bytes: int = 16_384  # per stream
+    """Largest file a process may write (RLIMIT_FSIZE)."""
+    disk_mb: int = 64
+    """Size of each private tmpfs: /tmp (which holds the working directory), /var/tmp and /dev/shm."""
+    max_output_bytes: int = 16_384
+    """Output kept per stream (stdout, stderr); the rest is drained and dropped."""
     network: bool = False
-    require_network_isolation: bool = False  # refuse to run (rather than warn) when no network namespace is possible
+    """Give the run the host's network (otherwise: its own network namespace with a downed loopback)."""
+    require_isolation: bool = True
+    """Refuse to run (an error result, exit_code None) when a layer is unavailable here: an own uid, the mount,
+    IPC and PID namespaces, the cgroup, or (unless `network`) the network namespace. False runs with what there is,
+    logs a warning once and reports the missing layers in the result."""
 
 
 @dataclass
@@ -99,6 +121,14 @@ class SandboxResult:
     error: str | None  # why the run was killed or refused, for humans and for the model
     duration_s: float
     network_isolated: bool = True
+    uid_isolated: bool = True
+    """Ran under its own unprivileged uid (not the trainer's)."""
+    namespaced: bool = True
+    """Had its own tmpfs /tmp, /var/tmp, /dev/shm and its own SysV IPC and process table."""
+    cgroup_limited: bool = True
+    """Its processes together were bounded by `total_memory_mb` and `max_processes` (a cgroup)."""
+    memory_peak_mb: float | None = None
+    """Peak memory of the run's cgroup (processes and tmpfs files), where the kernel reports it."""
 
     def observation(self) -> str:
         """What the model sees: the output, then what went wrong."""
@@ -136,39 +166,51 @@ def run_command(
 ) -> SandboxResult:
     """Run `argv` in a fresh sandbox whose working directory holds `files` (relative path -> text)."""
     start = time.monotonic()
-    isolate_net = not limits.network
-    if isolate_net and not network_isolation_available():
-        reason = f"network isolation unavailable: {_namespace_probe(tuple(_namespace_args(False)))}"
-        if limits.require_network_isolation:
-            return SandboxResult("", "", None, False, False, reason + " (refused to run)", 0.0, False)
-        _warn_once(reason + "; sandboxed code runs WITH the host's network")
-        isolate_net = False
-    if os.geteuid() != 0:
-        _warn_once("not root: sandboxed code runs as this user and can write this user's files")
-    with _sandbox_uid() as uid, _workdir(files or {}, uid) as workdir, tempfile.TemporaryFile() as stdin_file:
+    layers = _Layers.probe(limits.network)
+    if layers.missing:
+        reason = "isolation unavailable: " + "; ".join(layers.missing)
+        if limits.require_isolation:
+            refused = SandboxResult("", "", None, False, False, reason + " (refused to run)", 0.0)
+            return layers.stamp(refused)
+        _warn_once(reason + "; running without (require_isolation=False)")
+    with sandbox_uid() as uid, _workdir(files or {}, uid) as workdir, tempfile.TemporaryFile() as stdin_file:
         stdin_file.write(stdin.encode())
         stdin_file.seek(0)
-        proc = subprocess.Popen(
-            _wrap(argv, limits, uid, isolate_net),
-            cwd=workdir,
-            env=_child_env(workdir),
-            stdin=stdin_file,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        cgroup = cgroups.slot_cgroup(uid - SANDBOX_UID_BASE) if uid is not None and layers.cgroup else None
+        oom_before = cgroup.prepare(limits.total_memory_mb << 20, limits.max_processes + 1) if cgroup else 0
+        inner_dir = f"/tmp/{Path(workdir).name}" if layers.namespaced else workdir
+        status_r, status_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            out, err, truncated, timed_out = _collect(proc, limits, uid)
+            proc = subprocess.Popen(
+                _wrap(argv, limits, uid, layers, cgroup, inner_dir, status_w),
+                cwd=workdir,
+                env=_child_env(inner_dir),
+                stdin=stdin_file,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(status_w,) if layers.namespaced else (),  # the program itself never holds it
+            )
+        finally:
+            os.close(status_w)
+        try:
+            out, err, truncated, timed_out = _collect(proc, limits, uid, cgroup)
         except BaseException:
-            _kill_all(proc, uid)
+            _kill_all(proc, uid, cgroup)
             raise
         finally:
             proc.stdout.close()
             proc.stderr.close()
-            exit_code = proc.wait()
+            exit_code, reported = _init_status(status_r, proc.wait())
+        oom_killed = cgroup is not None and cgroup.oom_kills() > oom_before
+        peak = cgroup.peak_bytes() if cgroup else None
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
-    error = _explain(exit_code, stderr, timed_out, limits)
-    return SandboxResult(stdout, stderr, exit_code, timed_out, truncated, error, time.monotonic() - start, isolate_net)
+    error = _explain(exit_code, stderr, timed_out, limits, oom_killed)
+    if layers.namespaced and not reported and not timed_out and not oom_killed and exit_code >= 0:
+        error = f"the sandbox could not be set up (exit {exit_code}): {stderr.strip()[-500:]}"
+    result = SandboxResult(stdout, stderr, exit_code, timed_out, truncated, error, time.monotonic() - start)
+    result.memory_peak_mb = None if peak is None else peak / (1 << 20)
+    return layers.stamp(result)
 
 
 def network_isolation_available() -> bool:
@@ -203,23 +245,73 @@ def _namespace_args(network: bool) -> list[str]:
 
 
 @functools.cache
-def _namespace_probe(args: tuple[str, ...]) -> str | None:
-    """None when `unshare ARGS true` works here, else why not."""
+def _namespace_probe(args: tuple[str, ...], mount_tmpfs: bool = False) -> str | None:
+    """None when `unshare ARGS true` (or a tmpfs mount on /tmp in them) works here, else why not."""
     unshare = shutil.which("unshare")
     if unshare is None:
         return "util-linux `unshare` not found"
-    done = subprocess.run([unshare, *args, "--", "true"], capture_output=True, text=True)
+    probe = ["mount", "-t", "tmpfs", "-o", "size=1m", "agentrl-sandbox-probe", "/tmp"] if mount_tmpfs else ["true"]
+    done = subprocess.run([unshare, *args, "--", *probe], capture_output=True, text=True)
     return None if done.returncode == 0 else f"`unshare {' '.join(args)}` failed: {done.stderr.strip()}"
 
 
-def _wrap(argv: list[str], limits: SandboxLimits, uid: int | None, isolate_net: bool) -> list[str]:
-    """unshare (namespaces) -> setpriv (uid drop, as root) -> prlimit (rlimits) -> argv. Each one execs the next,
-    so the pid the parent holds is the sandboxed program itself."""
+_INIT = Path(__file__).with_name("sandbox_init.pl")  # the namespace's launcher and init: read it for why
+_MOUNT_SYSCALL = {"x86_64": 165, "aarch64": 40}.get(os.uname().machine, 0)  # 0: the init runs `mount` instead
+_PRIVATE_NS = ("--mount", "--ipc", "--pid", "--fork", "--kill-child", "--mount-proc")
+
+
+@dataclass(frozen=True)
+class _Layers:
+    """Which isolation layers this process can give a run, and why the others are missing (probed once)."""
+
+    uid: bool
+    namespaced: bool
+    cgroup: bool
+    isolate_net: bool
+    missing: tuple[str, ...]
+
+    @staticmethod
+    @functools.cache
+    def probe(network: bool) -> _Layers:
+        missing = []
+        uid = os.geteuid() == 0
+        if not uid:
+            missing.append("not root: no separate uid for sandboxed code (it would run as this user)")
+        ns_problem = _namespace_probe((*_namespace_args(True), *_PRIVATE_NS), mount_tmpfs=True)
+        if ns_problem:
+            missing.append(f"no private /tmp, IPC and PID namespaces: {ns_problem}")
+        cg_problem = cgroups.unavailable_reason()
+        if cg_problem:
+            missing.append(f"no cgroup: {cg_problem}")
+        net_problem = None if network else _namespace_probe(tuple(_namespace_args(False)))
+        if net_problem:
+            missing.append(f"network isolation unavailable: {net_problem}")
+        isolate_net = not network and net_problem is None
+        return _Layers(uid, ns_problem is None, cg_problem is None, isolate_net, tuple(missing))
+
+    def stamp(self, result: SandboxResult) -> SandboxResult:
+        result.network_isolated, result.uid_isolated = self.isolate_net, self.uid
+        result.namespaced, result.cgroup_limited = self.namespaced, self.cgroup
+        return result
+
+
+def _wrap(
+    argv: list[str], limits: SandboxLimits, uid: int | None, layers: _Layers, cgroup, workdir: str, status_fd: int
+) -> list[str]:
+    """unshare (namespaces) -> sandbox_init.pl (as root in them: join the cgroup, mount the tmpfs dirs, copy the
+    work dir in; then the PID namespace's init) -> setpriv (uid drop, as root) -> prlimit (rlimits) -> argv. Each
+    but the init execs the next."""
     cmd: list[str] = []
-    ns = _namespace_args(network=not isolate_net)
-    in_namespace = bool(ns) and _namespace_probe(tuple(ns)) is None
-    if in_namespace:
+    ns = [*_namespace_args(network=not layers.isolate_net), *(_PRIVATE_NS if layers.namespaced else ())]
+    if ns and _namespace_probe(tuple(_namespace_args(network=not layers.isolate_net))) is None:
         cmd += [shutil.which("unshare"), *ns, "--"]
+    procs = [str(f) for f in (cgroup.procs_files() if cgroup else [])]
+    if layers.namespaced:
+        size = f"size={limits.disk_mb}m,nr_inodes={max(1024, 256 * limits.disk_mb)},mode=1777"
+        cmd += [_require("perl"), str(_INIT), str(status_fd), str(_MOUNT_SYSCALL), size, workdir, *procs, "--"]
+    elif procs:  # no namespaces (require_isolation=False): only join the cgroup
+        joins = [f"echo 0 > {shlex.quote(f)}" for f in procs]
+        cmd += [_require("sh"), "-ec", "\n".join([*joins, 'exec "$@"']), "sh"]
     if uid is not None:
         cmd += [_require("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         cmd += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
@@ -227,11 +319,25 @@ def _wrap(argv: list[str], limits: SandboxLimits, uid: int | None, isolate_net: 
     cmd += [_require("prlimit"), f"--cpu={limits.cpu_time_s}:{limits.cpu_time_s + 1}", f"--as={limits.memory_mb * mb}"]
     cmd += [f"--nofile={limits.max_open_files}", f"--fsize={limits.max_file_size_mb * mb}", "--core=0"]
     # RLIMIT_NPROC counts a uid's processes: ours alone under a leased uid (root) or inside a user namespace.
-    if uid is not None or in_namespace:
+    if uid is not None or (cmd and cmd[0] == shutil.which("unshare")):
         cmd.append(f"--nproc={limits.max_processes}")
     else:
-        _warn_once(f"no user namespace ({_namespace_probe(tuple(ns))}): the process limit is not enforced")
+        _warn_once("no user namespace: the process limit is not enforced")
     return [*cmd, "--", *argv]
+
+
+def _init_status(status_r: int, launcher_status: int) -> tuple[int, bool]:
+    """The program's exit code (negative: its signal) as the namespace's init saw it, and True; else the launcher's
+    own and False (no PID namespace, everything was killed first, or the setup failed). Closes `status_r`."""
+    try:
+        raw = os.read(status_r, 64)
+    except BlockingIOError:
+        raw = b""
+    finally:
+        os.close(status_r)
+    if raw.strip().isdigit():
+        return os.waitstatus_to_exitcode(int(raw)), True
+    return launcher_status, False
 
 
 def _child_env(workdir: str) -> dict[str, str]:
@@ -268,7 +374,9 @@ def _require(tool: str) -> str:
 # ---------------------------------------------------------------- running it
 
 
-def _collect(proc: subprocess.Popen, limits: SandboxLimits, uid: int | None) -> tuple[bytes, bytes, bool, bool]:
+def _collect(
+    proc: subprocess.Popen, limits: SandboxLimits, uid: int | None, cgroup: cgroups.SlotCgroup | None
+) -> tuple[bytes, bytes, bool, bool]:
     """Read both pipes, keeping the first `max_output_bytes` of each, until the run is over: the main process has
     exited (its leftovers are then killed) or the wall-clock deadline passed (everything is killed). On return
     nothing of the run is alive."""
@@ -288,7 +396,7 @@ def _collect(proc: subprocess.Popen, limits: SandboxLimits, uid: int | None) -> 
                 if exited or timed_out:
                     break  # a pipe is held by something we cannot reach (non-root escapee)
                 timed_out = exited = True
-                _kill_all(proc, uid)
+                _kill_all(proc, uid, cgroup)
                 poller.unregister(pidfd)
                 deadline = time.monotonic() + _DRAIN_AFTER_KILL_S  # read what is left in the pipes
                 continue
@@ -296,7 +404,7 @@ def _collect(proc: subprocess.Popen, limits: SandboxLimits, uid: int | None) -> 
                 if fd == pidfd:
                     exited = True
                     poller.unregister(pidfd)
-                    _kill_all(proc, uid)  # the main process is gone, so is the run
+                    _kill_all(proc, uid, cgroup)  # the main process is gone, so is the run
                     continue
                 chunk = os.read(fd, _READ_CHUNK)
                 if not chunk:
@@ -311,18 +419,22 @@ def _collect(proc: subprocess.Popen, limits: SandboxLimits, uid: int | None) -> 
     return bytes(kept[proc.stdout.fileno()]), bytes(kept[proc.stderr.fileno()]), truncated, timed_out
 
 
-def _kill_all(proc: subprocess.Popen, uid: int | None) -> None:
+def _kill_all(proc: subprocess.Popen, uid: int | None, cgroup: cgroups.SlotCgroup | None) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # the group id stays valid until we reap the main process
     except ProcessLookupError:
         pass
+    if cgroup is not None:
+        cgroup.kill_all()  # exact: every process of the run, wherever it went
     if uid is not None:
-        _kill_uid(uid)  # whatever left the process group
+        kill_uid(uid)  # whatever left the process group
 
 
-def _explain(exit_code: int, stderr: str, timed_out: bool, limits: SandboxLimits) -> str | None:
+def _explain(exit_code: int, stderr: str, timed_out: bool, limits: SandboxLimits, oom_killed: bool) -> str | None:
     if timed_out:
         return f"killed: wall-clock timeout after {float(limits.wall_time_s)}s"
+    if oom_killed:
+        return f"killed: the run's processes together exceeded total_memory_mb={limits.total_memory_mb}"
     if exit_code == -signal.SIGXCPU:
         return f"killed: CPU time limit {limits.cpu_time_s} s"
     if exit_code != 0 and "MemoryError" in stderr[-2000:]:
@@ -332,83 +444,6 @@ def _explain(exit_code: int, stderr: str, timed_out: bool, limits: SandboxLimits
     if exit_code < 0:
         return f"killed by signal {signal.Signals(-exit_code).name}"
     return None
-
-
-# ---------------------------------------------------------------- one uid per running sandbox (root only)
-
-
-@contextmanager
-def _sandbox_uid() -> Iterator[int | None]:
-    """As root, lease a uid that no other running sandbox (in any process) holds. The run kills every process of
-    the uid before it returns; a lease left dirty (its holder died mid-run) is cleaned by the next holder."""
-    if os.geteuid() != 0:
-        yield None
-        return
-    lock_fd, uid = _lease_slot()
-    try:
-        if os.pread(lock_fd, 1, 0) == b"1":
-            _kill_uid(uid)
-        os.pwrite(lock_fd, b"1", 0)
-        yield uid
-        os.pwrite(lock_fd, b"0", 0)  # not reached when the run raised: the next holder cleans up
-    finally:
-        os.close(lock_fd)
-
-
-def _lease_slot() -> tuple[int, int]:
-    _SLOT_DIR.mkdir(mode=0o700, exist_ok=True)
-    info = os.lstat(_SLOT_DIR)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o077:
-        raise RuntimeError(f"{_SLOT_DIR} must be a directory owned by root with mode 0700")
-    first = random.randrange(SANDBOX_UID_SLOTS)  # spread concurrent searches
-    for i in range(SANDBOX_UID_SLOTS):
-        slot = (first + i) % SANDBOX_UID_SLOTS
-        fd = os.open(_SLOT_DIR / str(slot), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        return fd, SANDBOX_UID_BASE + slot
-    raise RuntimeError(f"all {SANDBOX_UID_SLOTS} sandbox uids are in use")
-
-
-def _kill_uid(uid: int, patience_s: float = 2.0) -> None:
-    """SIGKILL every live process of `uid`, again until none is left (one may fork while we look). Zombies are
-    dead already. The /proc scan is cheap next to a run and runs once per run (numbers in docs/sandbox.md)."""
-    if uid < SANDBOX_UID_BASE:  # never a real user's processes, let alone root's
-        raise ValueError(f"refusing to kill the processes of uid {uid}: not a sandbox uid")
-    give_up = time.monotonic() + patience_s
-    while pids := _live_pids(uid):
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if time.monotonic() > give_up:
-            logger.error("sandbox: processes %s of uid %d survive SIGKILL", pids, uid)
-            return
-        time.sleep(0.001)
-
-
-def _live_pids(uid: int) -> list[int]:
-    """Processes whose real uid is `uid`, from /proc/<pid>/status (the owner of /proc/<pid> would be cheaper to
-    read, but a process can hide behind root's by making itself non-dumpable)."""
-    pids, wanted = [], b"\nUid:\t%d\t" % uid
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            fd = os.open(f"/proc/{name}/status", os.O_RDONLY)
-            try:
-                status = os.read(fd, 1024)
-            finally:
-                os.close(fd)
-        except (FileNotFoundError, ProcessLookupError):  # exited while we looked
-            continue
-        if wanted in status and b"\nState:\tZ" not in status:
-            pids.append(int(name))
-    return pids
 
 
 def _world_reachable(path: str) -> bool:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from agentrl_ray.algorithms import LossNorm, compute_loss, echo_coeff_at, token_logprobs_and_entropy
 from agentrl_ray.config import Config
+from agentrl_ray.learner import guards
 from agentrl_ray.learner.batching import build_batch, micro_batches, shard
 from agentrl_ray.learner.feed import PromptSampler, RolloutFeed
 from agentrl_ray.learner.policy import TRAINER_STATE, Policy
@@ -64,7 +65,9 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
         total_steps=cfg.run.steps,
         min_lr_ratio=lc.min_lr_ratio,
     )
+    skipped = 0
     for _ in range(a.num_iterations):
+        finite = True
         for i, (mb, weight) in enumerate(mbs):
             last = i == len(mbs) - 1
             with policy.grad_sync_context(last):
@@ -81,9 +84,14 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
                     echo=cfg.echo,
                     ref_logprobs=refs[i],
                 )
+                finite &= bool(torch.isfinite(loss))
                 policy.backward(loss * weight, last)
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v * weight * len(mb)
+        if not guards.step_is_finite(policy, finite):  # keep the last good weights (learner/guards.py)
+            guards.skip_step(policy, step)
+            skipped += 1
+            continue
         t0 = time.perf_counter()
         sums["grad_norm"] = sums.get("grad_norm", 0.0) + policy.step(lr) * len(mine)
         t_opt += time.perf_counter() - t0
@@ -92,6 +100,7 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
     out["time/optimizer_s"] = t_opt
     out["loss/world_model_coeff"] = coeff
     out["loss/lr"] = lr
+    out["loss/skipped_nonfinite"] = skipped
     return out
 
 
@@ -194,10 +203,14 @@ def save_checkpoint(policy: Policy, tokenizer, state: dict[str, Any], rank: int,
         )
 
 
-def restore(policy: Policy) -> dict[str, Any] | None:
+def restore(policy: Policy, fallback: str | None = None) -> dict[str, Any] | None:
+    """Load Ray Train's latest checkpoint, or `fallback` (a verified folder chosen by resume.prepare when Ray
+    Train's snapshot was unusable; Ray Train v2 refuses `resume_from_checkpoint`)."""
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None and fallback:
+        checkpoint = ray.train.Checkpoint(fallback)
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as path:
@@ -219,11 +232,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     policy = Policy(model_path, cfg.model, cfg.learner, need_reference=cfg.algorithm.beta > 0)
-    state = restore(policy) or {"step": 0, "samples": 0}
+    state = restore(policy, config.get("resume_from")) or {"step": 0, "samples": 0}
     start, samples = state["step"], state["samples"]
     sampler = PromptSampler(config["train_rows"], cfg.rollout.prompts_per_step, cfg.run.seed)
     log = feed = sender = watch = None
     stop = None
+    nonfinite_in_a_row = 0
     if rank == 0:
         watch = RunWatch(cfg, config["train_rows"])
         sender = make_sender(cfg, policy.lora_scaling)
@@ -253,6 +267,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         if groups:
             metrics.update(update(policy, groups, cfg, step, pad_id))
         t_learn = time.perf_counter() - t0
+        nonfinite_in_a_row = nonfinite_in_a_row + 1 if metrics.get("loss/skipped_nonfinite") else 0
+        guards.check_consecutive(nonfinite_in_a_row, cfg.learner.max_nonfinite_steps, step)
         # sync: every rank reads the weights (the ZeRO-3 gather, counted as sync time), rank 0 pushes them
         t0 = time.perf_counter()
         named = policy.named_tensors_for_sync()

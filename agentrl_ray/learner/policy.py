@@ -197,7 +197,7 @@ class Policy:
         """Resume. DeepSpeed: its own checkpoint restores weights and optimizer partitions together, on the same
         number of ranks (the HF folder is the export, not the resume state). DDP/LoRA: the HF folder + the optimizer
         state in the trainer state."""
-        state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+        state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True)  # no code runs on load
         if self.engine is not None:
             load_dir, _ = self.engine.load_checkpoint(str(path / "deepspeed"), tag=DEEPSPEED_TAG)
             if load_dir is None:

@@ -117,7 +117,8 @@ def rollouts(port: int, targets: list[Path]) -> list[Rollout]:
         "fork_bomb": (FORK_BOMB, ["fork refused: Resource temporarily unavailable", "wall-clock timeout"]),
         "allocate_8gb": ("x = bytearray(8 << 30)", ["MemoryError", "[error] memory limit 512 MB exceeded"]),
         "connect_host": (connect, ["connect failed: Network is unreachable"]),
-        "write_outside": (writes, ["\n".join(["denied: Permission denied"] * len(targets))]),
+        # The first target is under the host's /tmp, which the run cannot even see (it has its own tmpfs /tmp).
+        "write_outside": (writes, ["denied: No such file or directory\ndenied: Permission denied"]),
         "read_secret": (SECRET_HUNT, ["leaked: [] | permission denied for"]),
         "print_100mb": ("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)", ["[truncated "]),
     }

@@ -31,6 +31,7 @@ LAYERS = {
     "health": 0,
     "messages": 0,
     "gguf_convert": 0,  # llama.cpp's converter in a subprocess, the Ollama Modelfile: nothing of ours
+    "resume": 0,  # repairs a run directory before Ray starts (config, outputs, torch)
     # roles, lowest first
     "envs": 1,
     "rewards": 2,
@@ -40,6 +41,7 @@ LAYERS = {
     "rollout": 3,
     "builtin_model": 3,  # builds the default model from the calculator env's tools
     "builtin_grid": 3,  # the grid task's part of the built-in models (the grid env's tools)
+    "preflight": 3,  # the driver's dry pass over the data with the env class and the reward functions
     "learner": 4,
     "checkpoints": 3,  # a run's checkpoints read back; LoRA merged as sync.receiver merges it
     "driver": 5,

@@ -18,6 +18,12 @@ def test_metrics_jsonl_wandb_offline_and_plot(tmp_path, monkeypatch):
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     offline = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(offline) == 1 and offline[0].stat().st_size > 0  # synced later with `wandb sync`
+    run_id = (tmp_path / "wandb_id").read_text()
+    assert offline[0].name == f"run-{run_id}.wandb"
+    # A resumed run (same run dir, started later) continues the same wandb run.
+    resumed = MetricsLog(tmp_path, cfg, {"run": {"name": "w"}}, total_steps=3)
+    assert resumed.wandb.id == run_id
+    resumed.close()
     png = plot_curves(tmp_path / "metrics.jsonl", tmp_path / "curve.png")
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # On resume from step 2, later records are dropped (they will be redone).
