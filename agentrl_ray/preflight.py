@@ -19,6 +19,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from agentrl_ray.chat_format import prompt_messages
 from agentrl_ray.config import Config, ConfigError
 
 SAMPLE_ROWS = 16
@@ -30,21 +31,23 @@ _WITHHELD = frozenset({"prompt", "completion", "completion_ids"})
 
 def check(cfg: Config, model_path: str, train_rows: list[dict], eval_rows: list[dict]) -> None:
     """Raise ConfigError on the first problem found (see the module docstring)."""
-    from agentrl_ray.envs.base import load_env_class
+    from agentrl_ray.envs.base import env_class as make_env_class
     from agentrl_ray.rewards import load_reward_functions
 
     datasets = [("data.train", cfg.data.train, train_rows), ("data.eval", cfg.data.eval, eval_rows)]
     for key, spec, rows in datasets:
         if not rows:
             raise ConfigError(f"{key} {spec!r} has no rows: nothing to train or evaluate on")
-    env_class = load_env_class(cfg.env.name)
+    env_class = make_env_class(cfg.env.name, tuple(cfg.env.tools))  # the class the env hosts build
     check_env_kwargs(env_class, cfg.env.kwargs, cfg.env.name)
     reward_funcs = load_reward_functions(cfg.reward.functions)
     tokenizer = _tokenizer(model_path)
     for key, spec, rows in datasets:
         where = f"{key} {spec!r}"
         extras = check_reset(env_class, cfg.env.kwargs, rows, where)
-        check_prompt_lengths(tokenizer, env_class, rows, extras, cfg.rollout.max_total_tokens, where)
+        check_prompt_lengths(
+            tokenizer, env_class, rows, extras, cfg.rollout.max_total_tokens, where, cfg.rollout.system_prompt
+        )
         for name, fn in zip(cfg.reward.functions, reward_funcs, strict=True):
             check_reward_columns(fn, name, rows, where)
 
@@ -96,7 +99,13 @@ def check_reset(env_class: type, kwargs: dict[str, Any], rows: list[dict], where
 
 
 def check_prompt_lengths(
-    tokenizer: Any, env_class: type, rows: list[dict], extras: dict[int, str], max_total_tokens: int, where: str
+    tokenizer: Any,
+    env_class: type,
+    rows: list[dict],
+    extras: dict[int, str],
+    max_total_tokens: int,
+    where: str,
+    system_prompt: str = "",
 ) -> None:
     """Every prompt as the rollout worker renders it (chat template, tool schemas, reset text) leaves room for at
     least one generated token within `max_total_tokens`."""
@@ -105,8 +114,7 @@ def check_prompt_lengths(
     tools = tool_schemas(env_class)
     conversations = []
     for i, row in enumerate(rows):
-        prompt = row["prompt"]
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+        messages = prompt_messages(row["prompt"], system_prompt)  # as the worker renders it
         if i in extras:  # TRL convention, as in the worker: reset's text is appended to the last user message
             messages[-1]["content"] = f"{messages[-1]['content']}{extras[i]}"
         conversations.append(messages)

@@ -130,3 +130,23 @@ def test_sample_indices_spread_over_the_rows():
     assert preflight.sample_indices(3) == [0, 1, 2]
     picked = preflight.sample_indices(1000, 5)
     assert picked[0] == 0 and picked[-1] == 999 and len(picked) == 5
+
+
+def add_numbers(a: int, b: int) -> str:
+    """Add two numbers.
+
+    Args:
+        a: first
+        b: second
+    """
+    return str(a + b)
+
+
+def test_plain_function_tools_and_the_system_prompt_are_checked_as_the_worker_renders_them(builtin_model_path):
+    # The Python API's shape: no environment class, only plain functions as tools (env.name empty).
+    tools_only = ["env.name=", f"env.tools=[{__name__}:add_numbers]", "reward.functions=[format]"]
+    preflight.check(config(*tools_only), builtin_model_path, rows(), rows(10))
+    # The system prompt is part of every rendered prompt: a long one leaves no room to generate.
+    long_system = "rollout.system_prompt=" + "be brief " * 300
+    with pytest.raises(ConfigError, match=r"row 0 .* the prompt is \d+ tokens with the chat template and 1 tool"):
+        preflight.check(config(*tools_only, long_system), builtin_model_path, rows(), rows(10))
