@@ -103,6 +103,11 @@ class Rollout:
     hostile: bool
 
 
+def _write_error(target: Path) -> str:
+    private = any(target.resolve().is_relative_to(d) for d in ("/tmp", "/var/tmp", "/dev/shm"))
+    return "No such file or directory" if private else "Permission denied"
+
+
 def rollouts(port: int, targets: list[Path]) -> list[Rollout]:
     writes = (
         f"for p in {[str(t) for t in targets]!r}:\n    try:\n        open(p, 'w').write('pwned')\n"
@@ -117,8 +122,9 @@ def rollouts(port: int, targets: list[Path]) -> list[Rollout]:
         "fork_bomb": (FORK_BOMB, ["fork refused: Resource temporarily unavailable", "wall-clock timeout"]),
         "allocate_8gb": ("x = bytearray(8 << 30)", ["MemoryError", "[error] memory limit 512 MB exceeded"]),
         "connect_host": (connect, ["connect failed: Network is unreachable"]),
-        # The first target is under the host's /tmp, which the run cannot even see (it has its own tmpfs /tmp).
-        "write_outside": (writes, ["denied: No such file or directory\ndenied: Permission denied"]),
+        # A target under the host's /tmp, /var/tmp or /dev/shm cannot even be seen (the run has its own tmpfs
+        # there); any other host path is seen but not writable. The repo itself may be a clone under /tmp.
+        "write_outside": (writes, ["\n".join(f"denied: {_write_error(t)}" for t in targets)]),
         "read_secret": (SECRET_HUNT, ["leaked: [] | permission denied for"]),
         "print_100mb": ("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)", ["[truncated "]),
     }
