@@ -14,53 +14,22 @@ every conversation as OpenAI-style messages. With the defaults (the run's eval s
 from __future__ import annotations
 
 import json
-import math
-import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from agentrl_ray.eval_stats import pass_rates
 
 if TYPE_CHECKING:
     from agentrl_ray.types import TrajectoryGroup
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Probability that at least one of k of the n samples (c of them correct) passes, unbiased."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
-
-
-def bootstrap_interval(values: list[float], *, level: float = 0.95, rounds: int = 2000, seed: int = 0):
-    """Percentile bootstrap interval of the mean of `values` (one per prompt: samples of a prompt are not
-    independent, so prompts are what is resampled)."""
-    rng = random.Random(seed)
-    n = len(values)
-    means = sorted(sum(rng.choice(values) for _ in range(n)) / n for _ in range(rounds))
-    lo = means[int((1 - level) / 2 * rounds)]
-    hi = means[min(rounds - 1, int((1 + level) / 2 * rounds))]
-    return lo, hi
-
-
 def summarize(groups: list[TrajectoryGroup], threshold: float) -> dict[str, Any]:
-    """The report of one evaluation: pass@1 (+ interval), pass@k for k = 1, 2, 4, ... up to the samples per
-    prompt, mean reward, tool error rate (failed / all tool calls), tool calls and assistant turns per sample."""
+    """The report of one evaluation: pass@1 (+ interval) and pass@k (`eval_stats.pass_rates`, as training's
+    evaluations report them), mean reward, tool error rate (failed / all tool calls), tool calls and assistant turns
+    per sample."""
     trajs = [t for g in groups for t in g.trajectories]
-    n = min(len(g.trajectories) for g in groups)
-    correct = [sum(t.reward >= threshold for t in g.trajectories) for g in groups]
-    per_prompt = [c / len(g.trajectories) for c, g in zip(correct, groups)]
-    lo, hi = bootstrap_interval(per_prompt)
+    report = pass_rates(groups, threshold)
     calls = sum(t.num_tool_calls for t in trajs)
-    report: dict[str, Any] = {
-        "prompts": len(groups),
-        "samples_per_prompt": n,
-        "success": sum(t.reward >= threshold for t in trajs) / len(trajs),
-        "pass@1": sum(per_prompt) / len(per_prompt),
-        "pass@1_ci95": [lo, hi],
-    }
-    k = 2
-    while k <= n:
-        report[f"pass@{k}"] = sum(pass_at_k(len(g.trajectories), c, k) for c, g in zip(correct, groups)) / len(groups)
-        k *= 2
     report.update(
         reward=sum(t.reward for t in trajs) / len(trajs),
         tool_error_rate=sum(t.num_tool_errors for t in trajs) / max(1, calls),

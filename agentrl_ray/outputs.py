@@ -138,6 +138,16 @@ def start_driver_log(run_dir: Path, cfg: RunConfig, full_config: dict[str, Any],
     return LogClient(actor, total_steps)
 
 
+def eval_text(m: dict[str, Any]) -> str:
+    """A held-out evaluation for the progress line: "success 0.885 (pass@1 95% CI 0.850-0.920, pass@2 0.930)"."""
+    text = f"success {m['eval/success']:.3f}"
+    if "eval/pass@1_ci95_lo" in m:
+        more = [f"pass@{k} {m[f'eval/pass@{k}']:.3f}" for k in (2, 4, 8, 16, 32) if f"eval/pass@{k}" in m]
+        ci = f"pass@1 95% CI {m['eval/pass@1_ci95_lo']:.3f}-{m['eval/pass@1_ci95_hi']:.3f}"
+        text += f" ({', '.join([ci, *more])})"
+    return text
+
+
 def print_step(step: int, m: dict[str, Any], total_steps: int) -> None:
     line = (
         f"step {step:>4}/{total_steps} | reward {m['reward/mean']:.3f} | success {m['rollout/success']:.2f} "
@@ -146,7 +156,7 @@ def print_step(step: int, m: dict[str, Any], total_steps: int) -> None:
         f"{m.get('time/rollout_worker_s', 0.0):.1f}, learner waited {m['time/rollout_s']:.1f})"
     )
     if "eval/success" in m:
-        line += f" | eval success {m['eval/success']:.3f}"
+        line += f" | eval {eval_text(m)}"
     if "health/level" in m:  # the verdict of health.HealthMonitor
         line += f" | health {('ok', 'WARN', 'RED')[m['health/level']]}"
         line += f": {m['health/reasons']}" if m["health/reasons"] else ""

@@ -19,12 +19,14 @@ import torch.distributed as dist
 
 from agentrl_ray.algorithms import LossNorm, compute_loss, echo_coeff_at, token_logprobs_and_entropy
 from agentrl_ray.config import Config
+from agentrl_ray.eval_stats import training_eval_metrics
 from agentrl_ray.learner import guards
 from agentrl_ray.learner.batching import build_batch, micro_batches, shard
 from agentrl_ray.learner.feed import PromptSampler, RolloutFeed
 from agentrl_ray.learner.policy import TRAINER_STATE, Policy
 from agentrl_ray.learner.schedule import lr_at
 from agentrl_ray.learner.watch import RunWatch
+from agentrl_ray.outputs import eval_text
 from agentrl_ray.sync.sender import make_sender
 from agentrl_ray.types import RolloutTimings, TrajectoryGroup
 
@@ -107,7 +109,8 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
 def evaluate(
     feed: RolloutFeed | None, policy: Policy, rows: list[dict[str, Any]], cfg: Config, seed: int, pad_id: int
 ) -> dict:
-    """Held-out success (sampled at rollout.eval_temperature) and the ECHO held-out environment-token CE.
+    """Held-out success, pass@1 with its 95% interval and pass@k (`eval_stats`; sampled at rollout.eval_temperature)
+    and the ECHO held-out environment-token CE.
 
     Every rank calls it: rank 0 samples (`feed` is rank 0's) and returns the metrics (the others return {}); the
     groups then go to every rank and each computes the CE on its shard (a forward under ZeRO-3 needs every rank)."""
@@ -119,12 +122,9 @@ def evaluate(
     if rank == 0:
         groups = feed.evaluation(rows, seed)
         trajs = [t for g in groups for t in g.trajectories]
-        rewards = [t.reward for t in trajs]
-        out = {
-            "eval/success": sum(r >= cfg.run.success_threshold for r in rewards) / len(rewards),
-            "eval/reward": sum(rewards) / len(rewards),
-            "eval/tool_call_rate": sum(t.num_tool_calls > 0 for t in trajs) / len(trajs),
-        }
+        out = training_eval_metrics(groups, cfg.run.success_threshold)  # success, pass@1 with its CI, pass@k
+        out["eval/reward"] = sum(t.reward for t in trajs) / len(trajs)
+        out["eval/tool_call_rate"] = sum(t.num_tool_calls > 0 for t in trajs) / len(trajs)
     ce = env_token_ce(policy, broadcast_groups(groups, world), cfg, pad_id, rank, world)
     if ce is not None and rank == 0:
         out["eval/env_token_ce"] = ce
@@ -254,7 +254,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         m = evaluate(feed, policy, config["eval_rows"], cfg, seed=-1, pad_id=pad_id)
         if rank == 0:
             log.log(0, {**m, "samples": 0})
-            print(f"step    0/{cfg.run.steps} | eval success {m['eval/success']:.3f} (before training)", flush=True)
+            print(f"step    0/{cfg.run.steps} | eval {eval_text(m)} (before training)", flush=True)
     for step in range(start, cfg.run.steps):
         # rollout (scored in the workers) → broadcast to every rank
         t_step = time.perf_counter()

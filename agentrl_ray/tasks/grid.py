@@ -7,11 +7,14 @@ belongs to the eval split when a hash of its prompt falls in the eval bucket (1 
 `builtin:tiny-grid` model (train split only) never sees a held-out pair. There are few pairs (~45 held out), so a
 split asked for more rows than it has cycles through them (ids stay distinct).
 
-The warm-up dialogues (`warmup_messages`) walk at random: each move is uniform over the four directions, the walk
-stops with "Done." as soon as an observation says "goal", and gives up after `MAX_MOVES` moves. The warm-started
-model thus knows the tool format and when to stop, but not which direction brings it closer: a held-out success near
-that of a random walk (~0.25), which reinforcement learning has to raise, and the observations it is shown tell it
-what each direction does.
+The warm-up dialogues (`warmup_messages`) walk at random: each move goes toward the goal with probability `toward`
+(one of the directions that shorten the distance) and is otherwise uniform over the four directions; the walk stops
+with "Done." as soon as an observation says "goal", and gives up after `MAX_MOVES` moves. With `toward` = 0 the
+warm-started model knows the tool format and when to stop but not which direction brings it closer (success ~0.21,
+a uniform random walk), and GRPO stayed flat from there (docs/echo.md): no state-dependent preference to reinforce.
+`builtin:tiny-grid` uses `toward` = 0.2 (a walker that reaches the goal ~38% of the time): a weak preference that
+keeps the start low, which reinforcement learning has to sharpen, and the observations tell it what each direction
+does.
 """
 
 from __future__ import annotations
@@ -109,21 +112,27 @@ def make_grid_rows(n: int, seed: int, split: str) -> list[dict[str, Any]]:
     return rows
 
 
-def random_walk(start: Cell, goal: Cell, rng: random.Random) -> list[tuple[str, str]]:
-    """(direction, observation) of each move of a uniform random walk that stops at the goal or after MAX_MOVES."""
+def distance(a: Cell, b: Cell) -> int:
+    return abs(a[0] - b[0]) + abs(a[1] - b[1])
+
+
+def random_walk(start: Cell, goal: Cell, rng: random.Random, toward: float = 0.0) -> list[tuple[str, str]]:
+    """(direction, observation) of each move of a random walk that stops at the goal or after MAX_MOVES; a move goes
+    toward the goal with probability `toward`, else in a uniform direction."""
     cell, moves = start, []
     while len(moves) < MAX_MOVES and cell != goal:
-        direction = rng.choice(sorted(DIRECTIONS))
+        closer = [d for d in sorted(DIRECTIONS) if distance(step(cell, d)[0], goal) < distance(cell, goal)]
+        direction = rng.choice(closer) if rng.random() < toward else rng.choice(sorted(DIRECTIONS))
         cell, blocked = step(cell, direction)
         moves.append((direction, observation(cell, blocked, goal)))
     return moves
 
 
-def warmup_messages(start: Cell, goal: Cell, rng: random.Random) -> list[dict[str, Any]]:
+def warmup_messages(start: Cell, goal: Cell, rng: random.Random, toward: float = 0.0) -> list[dict[str, Any]]:
     """A warm-up dialogue as chat messages: user question, then (move call, tool result) pairs, then "Done." when the
     walk reached the goal (a walk that gave up just ends)."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": question(start, goal)}]
-    moves = random_walk(start, goal, rng)
+    moves = random_walk(start, goal, rng, toward)
     for direction, obs in moves:
         call = {"type": "function", "function": {"name": "move", "arguments": {"direction": direction}}}
         messages += [

@@ -15,7 +15,8 @@ from agentrl_ray.config import ConfigError, load_config
 from agentrl_ray.envs.base import BY_VALUE, env_class, import_object, object_spec, tool_schemas
 from agentrl_ray.envs.calculator import CalculatorEnv
 from agentrl_ray.envs.host import EnvHost
-from agentrl_ray.evaluate import bootstrap_interval, pass_at_k, summarize
+from agentrl_ray.eval_stats import bootstrap_interval, pass_at_k
+from agentrl_ray.evaluate import summarize
 from agentrl_ray.inference import transcript
 from agentrl_ray.messages import assistant_message, to_openai, tool_messages
 from agentrl_ray.types import Trajectory, TrajectoryGroup

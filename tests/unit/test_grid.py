@@ -144,14 +144,18 @@ def test_warmup_ids_are_the_rendered_conversation_and_learn_only_assistant_turns
 
 
 def test_the_calculator_models_keep_their_cache_folders_and_the_grid_model_gets_its_own():
-    """The recipe's `task` field stays out of the calculator recipes' hash: adding it rebuilt no cached model."""
+    """The recipe's `task` field, and the later warm-up shares when 0, stay out of the calculator recipes' hash:
+    adding them rebuilt no cached model (the default model's short-problem share rebuilds it, on purpose)."""
     import dataclasses
     import hashlib
     import json
 
     tools = builtin_model.calculator_tools()
-    for recipe in (builtin_model.RECIPE, builtin_model.SMALL_RECIPE):
-        fields = {k: v for k, v in dataclasses.asdict(recipe).items() if k != "task"}
+    late = ("task", "sft_short_share", "sft_toward_share")
+    unchanged = dataclasses.replace(builtin_model.RECIPE, sft_short_share=0.0)
+    assert builtin_model.recipe_hash(unchanged, tools) != builtin_model.recipe_hash(builtin_model.RECIPE, tools)
+    for recipe in (unchanged, builtin_model.SMALL_RECIPE):
+        fields = {k: v for k, v in dataclasses.asdict(recipe).items() if k not in late}
         blob = {"version": builtin_model.RECIPE_VERSION, "recipe": fields, "template": builtin_model.CHAT_TEMPLATE}
         old = hashlib.sha256(json.dumps({**blob, "tools": tools}, sort_keys=True).encode()).hexdigest()[:12]
         assert builtin_model.recipe_hash(recipe, tools) == old

@@ -28,6 +28,7 @@ LAYERS = {
     "hardware": 0,
     "sizing": 0,
     "stability": 0,
+    "eval_stats": 0,  # pass@1 with its interval and pass@k: training's evaluations and `agentrl-ray eval`
     "health": 0,
     "messages": 0,
     "gguf_convert": 0,  # llama.cpp's converter in a subprocess, the Ollama Modelfile: nothing of ours
