@@ -129,10 +129,6 @@ class Recipe:
     max_positions: int = 512
     tool_fraction: float = 0.25  # probability that the warm-started model calls the tool
     sft_tool_share: float = 0.7  # share of warm-up dialogues that call it (see `sft_example`)
-    # Share of warm-up problems with a 2-digit operand or a near-equal subtraction (`arithmetic.sample_short_problems`).
-    # Rare under uniform operands, they were where the trained model still failed: copying a 2-digit operand into the
-    # call and copying a one-digit result were ~all of its greedy held-out errors (docs/default_run.md).
-    sft_short_share: float = 0.0
     # Grid task: probability that a warm-up move goes toward the goal instead of a uniform direction (`tasks.grid`).
     sft_toward_share: float = 0.0
     sft_dialogues: int = 20_000
@@ -144,7 +140,7 @@ class Recipe:
     task: str = "arithmetic"  # the warm-up dialogues: "arithmetic" (calculator) or "grid" (see `builtin_grid`)
 
 
-RECIPE = Recipe(sft_short_share=0.3)
+RECIPE = Recipe()
 # The benchmarks' ~25M-parameter variant (`model.path: builtin:small`): the same tokenizer, template and data, a
 # model large enough that a step's FLOPs, not per-call overhead, set its time. Wider and deeper, so it learns the
 # warm-up in fewer (but ~60x costlier) steps, at a lower learning rate.
@@ -179,9 +175,8 @@ def recipe_hash(recipe: Recipe, tools: list[dict[str, Any]]) -> str:
     fields = asdict(recipe)
     if fields["task"] == "arithmetic":
         del fields["task"]  # the field came after the calculator models were built: keep their cache folders
-    for late in ("sft_short_share", "sft_toward_share"):  # later still: recipes that leave them at 0 keep theirs
-        if not fields[late]:
-            del fields[late]
+    if not fields["sft_toward_share"]:
+        del fields["sft_toward_share"]  # later still: the recipes that leave it at 0 keep their folders
     blob = json.dumps(
         {"version": RECIPE_VERSION, "recipe": fields, "template": CHAT_TEMPLATE, "tools": tools},
         sort_keys=True,
@@ -230,7 +225,7 @@ def build(out_dir: Path, recipe: Recipe, tools: list[dict[str, Any]]) -> None:
     if recipe.task == "grid":
         texts, make_examples = builtin_grid.texts_and_examples(recipe, tools, CHAT_TEMPLATE)
     else:
-        problems = warmup_problems(recipe)
+        problems = arithmetic.sample_problems(recipe.sft_dialogues, recipe.seed, "train")
         rng = random.Random(recipe.seed)
         renderer = Qwen2Tokenizer()  # only to render the training text with our template
         renderer.chat_template = CHAT_TEMPLATE
@@ -317,16 +312,6 @@ def train_tokenizer(recipe: Recipe, texts: list[str]):
 
 
 # ---------------------------------------------------------------------------------------------------- dialogues
-
-
-def warmup_problems(recipe: Recipe) -> list[tuple[int, str, int]]:
-    """The warm-up's train-split problems: uniform ones, with a share `sft_short_share` of short ones mixed in."""
-    n_short = round(recipe.sft_dialogues * recipe.sft_short_share)
-    problems = arithmetic.sample_problems(recipe.sft_dialogues - n_short, recipe.seed, "train")
-    if n_short:
-        problems += arithmetic.sample_short_problems(n_short, recipe.seed, "train")
-        random.Random(recipe.seed).shuffle(problems)
-    return problems
 
 
 def tool_call_text(expression: str) -> str:

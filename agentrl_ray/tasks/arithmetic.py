@@ -54,33 +54,6 @@ def sample_problems(n: int, seed: int, split: str) -> list[tuple[int, str, int]]
     return problems
 
 
-def sample_short_problems(n: int, seed: int, split: str) -> list[tuple[int, str, int]]:
-    """`n` distinct problems of `split` that are rare under `sample_problems` but easy to get wrong when copying:
-    a 2-digit operand (~1 question in 6 has one) or a subtraction of near-equal operands (a result of 0-20). The
-    built-in model's warm-up adds them so that it copies such operands and short results as well as the common ones;
-    the held-out questions keep `sample_problems`' distribution."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    rng = random.Random(f"arithmetic-short/{seed}/{split}")
-    seen: set[tuple[int, str, int]] = set()
-    problems = []
-    while len(problems) < n:
-        op = rng.choice(OPERATORS)
-        if op == "-" and rng.random() < 0.5:
-            a = rng.randint(MIN_OPERAND + 20, MAX_OPERAND)
-            b = a - rng.randint(0, 20)
-        else:
-            a, b = rng.randint(MIN_OPERAND, 99), rng.randint(MIN_OPERAND, MAX_OPERAND)
-            a, b = (a, b) if rng.random() < 0.5 else (b, a)
-            if op == "-" and b > a:
-                a, b = b, a
-        if (a, op, b) in seen or split_of(question(a, op, b)) != split:
-            continue
-        seen.add((a, op, b))
-        problems.append((a, op, b))
-    return problems
-
-
 def make_arithmetic_rows(n: int, seed: int, split: str) -> list[dict[str, Any]]:
     """`n` rows {"prompt": [user message], "answer": "10063", "id": ...} of the given split ("train" or "eval")."""
     rows = []

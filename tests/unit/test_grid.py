@@ -144,17 +144,15 @@ def test_warmup_ids_are_the_rendered_conversation_and_learn_only_assistant_turns
 
 
 def test_the_calculator_models_keep_their_cache_folders_and_the_grid_model_gets_its_own():
-    """The recipe's `task` field, and the later warm-up shares when 0, stay out of the calculator recipes' hash:
-    adding them rebuilt no cached model (the default model's short-problem share rebuilds it, on purpose)."""
+    """The recipe's `task` and `sft_toward_share` fields stay out of the calculator recipes' hash: adding them rebuilt
+    no cached model."""
     import dataclasses
     import hashlib
     import json
 
     tools = builtin_model.calculator_tools()
-    late = ("task", "sft_short_share", "sft_toward_share")
-    unchanged = dataclasses.replace(builtin_model.RECIPE, sft_short_share=0.0)
-    assert builtin_model.recipe_hash(unchanged, tools) != builtin_model.recipe_hash(builtin_model.RECIPE, tools)
-    for recipe in (unchanged, builtin_model.SMALL_RECIPE):
+    late = ("task", "sft_toward_share")
+    for recipe in (builtin_model.RECIPE, builtin_model.SMALL_RECIPE):
         fields = {k: v for k, v in dataclasses.asdict(recipe).items() if k not in late}
         blob = {"version": builtin_model.RECIPE_VERSION, "recipe": fields, "template": builtin_model.CHAT_TEMPLATE}
         old = hashlib.sha256(json.dumps({**blob, "tools": tools}, sort_keys=True).encode()).hexdigest()[:12]
@@ -163,3 +161,43 @@ def test_the_calculator_models_keep_their_cache_folders_and_the_grid_model_gets_
         builtin_model.GRID_RECIPE, **{k: getattr(builtin_model.RECIPE, k) for k in ("sft_steps", "sft_batch")}
     )
     assert builtin_model.recipe_hash(grid_recipe, tools) != builtin_model.recipe_hash(builtin_model.RECIPE, tools)
+
+
+def test_the_walker_goes_toward_the_goal_as_often_as_asked():
+    """`toward` = 0.2 (builtin:tiny-grid's warm-up): about 0.2 + 0.8 x chance of the moves shorten the distance, and
+    the walker reaches the goal more often than a uniform one, still under half the time (a low start for RL)."""
+    problems = grid.sample_problems(2000, 0, "train")
+
+    def walks(toward: float) -> tuple[float, float]:
+        rng = random.Random(1)
+        closer = moves = reached = 0
+        for start, goal in problems:
+            cell = start
+            for direction, _ in grid.random_walk(start, goal, rng, toward):
+                nxt, _ = grid.step(cell, direction)
+                closer += grid.distance(nxt, goal) < grid.distance(cell, goal)
+                moves, cell = moves + 1, nxt
+            reached += cell == goal
+        return closer / moves, reached / len(problems)
+
+    (closer0, reached0), (closer2, reached2) = walks(0.0), walks(builtin_model.GRID_RECIPE.sft_toward_share)
+    assert 0.3 < closer0 < 0.45 and 0.15 < reached0 < 0.28  # uniform: 1-2 of 4 directions are closer
+    assert closer2 > closer0 + 0.1 and reached0 + 0.08 < reached2 < 0.45
+
+
+def test_progress_credit_rewards_distance_walked_off_and_only_the_goal_scores_one():
+    env = GridEnv(progress_credit=0.5)
+    env.reset(start="0,0", goal="2,1")  # 3 moves away
+    assert env.reward("") == 0.0
+    env.move("east")
+    assert env.reward("") == pytest.approx(0.5 / 3)
+    env.move("west")
+    env.move("west")  # blocked: back at the start, no credit, never negative
+    assert env.reward("") == 0.0
+    for d in ("east", "east", "north"):
+        env.move(d)
+    assert env.reward("") == 1.0
+    env.move("north")  # overshooting: 2 of 3 walked off
+    assert env.reward("") == pytest.approx(0.5 * 2 / 3)
+    with pytest.raises(ValueError, match="progress_credit must be in"):
+        GridEnv(progress_credit=1.0)
