@@ -164,8 +164,8 @@ def test_the_calculator_models_keep_their_cache_folders_and_the_grid_model_gets_
 
 
 def test_the_walker_goes_toward_the_goal_as_often_as_asked():
-    """`toward` = 0.2 (builtin:tiny-grid's warm-up): about 0.2 + 0.8 x chance of the moves shorten the distance, and
-    the walker reaches the goal more often than a uniform one, still under half the time (a low start for RL)."""
+    """`toward` = 0.2: about 0.2 + 0.8 x chance of the moves shorten the distance, and the walker reaches the goal
+    more often than a uniform one, still under half the time (a low start for RL)."""
     problems = grid.sample_problems(2000, 0, "train")
 
     def walks(toward: float) -> tuple[float, float]:
@@ -180,7 +180,7 @@ def test_the_walker_goes_toward_the_goal_as_often_as_asked():
             reached += cell == goal
         return closer / moves, reached / len(problems)
 
-    (closer0, reached0), (closer2, reached2) = walks(0.0), walks(builtin_model.GRID_RECIPE.sft_toward_share)
+    (closer0, reached0), (closer2, reached2) = walks(0.0), walks(0.2)
     assert 0.3 < closer0 < 0.45 and 0.15 < reached0 < 0.28  # uniform: 1-2 of 4 directions are closer
     assert closer2 > closer0 + 0.1 and reached0 + 0.08 < reached2 < 0.45
 
