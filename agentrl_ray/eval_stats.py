@@ -24,8 +24,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def bootstrap_interval(values: list[float], *, level: float = 0.95, rounds: int = 2000, seed: int = 0):
     """Percentile bootstrap interval of the mean of `values` (one per prompt: samples of a prompt are not
-    independent, so prompts are what is resampled)."""
+    independent, so prompts are what is resampled). Sorted first: the interval depends on the values, not on the
+    order the prompts' groups came back in."""
     rng = random.Random(seed)
+    values = sorted(values)
     n = len(values)
     means = sorted(sum(rng.choices(values, k=n)) / n for _ in range(rounds))
     lo = means[int((1 - level) / 2 * rounds)]

@@ -47,6 +47,9 @@ def test_training_metrics_carry_pass_at_1_with_its_interval_and_pass_at_k():
     # `agentrl-ray eval` reports the same numbers for the same groups.
     report = summarize(groups, 1.0)
     assert report["pass@1_ci95"] == [lo, hi] and report["pass@2"] == m["eval/pass@2"]
+    # Groups come back from the rollout workers in any order: the interval does not depend on it.
+    shuffled = training_eval_metrics(groups[::-1], 1.0)
+    assert [shuffled["eval/pass@1_ci95_lo"], shuffled["eval/pass@1_ci95_hi"]] == [lo, hi]
 
 
 def test_one_greedy_sample_per_prompt_gets_an_interval_but_no_pass_at_k():
