@@ -291,6 +291,20 @@ class PlacementConfig:
 
 
 @dataclass
+class RecoveryConfig:
+    """Surviving dead and stuck actors (`recovery.*`; deadlines.py, rollout/recovery.py, docs/reliability.md)."""
+
+    max_actor_restarts: int = 3
+    """Restarts Ray grants each rollout worker and env host (their lost work is redone); past it the run stops."""
+    decode_step_s: float = 2.0
+    """Upper bound on one decode step of an engine's full batch, s; a rollout's deadline is built from it."""
+    slack_s: float = 120.0
+    """Seconds added to every derived deadline (weight loads, prefill, scheduling)."""
+    actor_start_s: float = 600.0
+    """Seconds a restarted actor may take to answer again (an engine loads its model anew)."""
+
+
+@dataclass
 class RunConfig:
     """The run: steps, outputs, evaluation, checkpoints (`run.*`)."""
 
@@ -370,6 +384,8 @@ class Config:
     """Weight sync."""
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     """Where each engine, env host and learner rank runs."""
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    """Restarts and deadlines."""
     run: RunConfig = field(default_factory=RunConfig)
     """The run."""
 
@@ -558,6 +574,9 @@ def validate(cfg: Config) -> None:
     )
     need(0 <= r.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization must be in [0, 1] (0 = from placement)")
     need(cfg.placement.timeout_s > 0, "placement.timeout_s must be > 0")
+    rc = cfg.recovery
+    need(rc.max_actor_restarts >= 0, "recovery.max_actor_restarts must be >= 0")
+    need(min(rc.decode_step_s, rc.slack_s, rc.actor_start_s) > 0, "recovery: deadlines must be > 0 seconds")
     for section, res in (("rollout", r.resources), ("env", cfg.env.resources), ("learner", lr.resources)):
         need(
             not ({"CPU", "GPU", "memory"} & set(res)),

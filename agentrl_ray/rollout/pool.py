@@ -14,8 +14,9 @@ from typing import Any
 import ray
 
 from agentrl_ray.config import Config
-from agentrl_ray.envs.host import EnvHost
+from agentrl_ray.deadlines import Deadlines
 from agentrl_ray.rollout.engine import vllm_env
+from agentrl_ray.rollout.recovery import ActorFailed, Recovery, RestartableEnvHost
 from agentrl_ray.rollout.worker import RolloutWorker
 from agentrl_ray.sync.collective import collective_backend
 from agentrl_ray.threads import ThreadPolicy
@@ -26,14 +27,18 @@ from agentrl_ray.types import RolloutTimings, TrajectoryGroup, WeightUpdate
 class PendingSample:
     """A batch handed to the workers and not yet gathered (see `RolloutPool.start`)."""
 
-    refs: list[Any]
+    refs: dict[int, Any]  # worker index -> its rollout call
     rows: list[dict[str, Any]]
+    shards: dict[int, list[dict[str, Any]]]  # worker index -> its rows (what a redo needs)
+    args: tuple[int, float, int]  # group size, temperature, seed
 
 
 class RolloutPool:
-    def __init__(self, workers: list[Any], env_hosts: list[Any]) -> None:
+    def __init__(self, workers: list[Any], env_hosts: list[Any], recovery: Recovery | None = None) -> None:
         self.workers = workers
         self.env_hosts = env_hosts
+        self.recovery = recovery  # None: a failed actor fails the call (pools built by hand in tests)
+        self.latest: WeightUpdate | None = None  # the newest weights handed to the workers: a restarted one's
 
     @classmethod
     def create(cls, cfg: Config, model_path: str, threads: ThreadPolicy | None = None, placed=None) -> RolloutPool:
@@ -44,14 +49,20 @@ class RolloutPool:
         r = cfg.rollout
         env_opts = placed.env_options() if placed else [{"num_cpus": cfg.env.num_cpus_per_actor}] * cfg.env.num_actors
         engine_opts = placed.engine_options() if placed else [{"num_cpus": r.num_cpus_per_worker}] * r.num_workers
+        # Ray restarts a dead actor (the pool redoes its work: rollout/recovery.py). A collective weight group
+        # cannot take a new member, so there a dead engine ends the run.
+        restarts = cfg.recovery.max_actor_restarts
+        engine_restarts = 0 if cfg.sync.transport == "collective" else restarts
         env_hosts = [
-            ray.remote(EnvHost).options(max_concurrency=1000, **o).remote(tool_timeout_s=cfg.env.tool_timeout_s)
+            ray.remote(RestartableEnvHost)
+            .options(max_concurrency=1000, max_restarts=restarts, max_task_retries=0, **o)
+            .remote(tool_timeout_s=cfg.env.tool_timeout_s)
             for o in env_opts
         ]
         runtime_env = {"env_vars": vllm_env(kv_cache_gib=r.kv_cache_gib, use_gpu=threads.engines_on_gpu)}
         workers = [
             ray.remote(RolloutWorker)
-            .options(runtime_env=runtime_env, **o)
+            .options(runtime_env=runtime_env, max_restarts=engine_restarts, max_task_retries=0, **o)
             .remote(
                 i,
                 model_path,
@@ -66,9 +77,10 @@ class RolloutPool:
             )
             for i, o in enumerate(engine_opts)
         ]
-        pool = cls(workers, env_hosts)
         ray.get([w.get_version.remote() for w in workers])  # surface engine start-up errors here
-        return pool
+        recovery = Recovery(workers, env_hosts, Deadlines.of(cfg), engine_restarts)
+        recovery.remember()
+        return cls(workers, env_hosts, recovery)
 
     @property
     def num_workers(self) -> int:
@@ -97,26 +109,50 @@ class RolloutPool:
         update) are loaded by every worker before it generates anything. The learner uses this to roll out step
         t+1 while it trains on step t (`sync.max_staleness=1`). No weights may be pushed while a batch is out: a
         worker would switch weights between the turns of an episode."""
-        shards = [rows[i :: self.num_workers] for i in range(self.num_workers)]
-        if weights is not None and not all(shards):  # a worker without rows still needs the new weights
+        shards = {i: rows[i :: self.num_workers] for i in range(self.num_workers)}
+        self.latest = weights or self.latest
+        if weights is not None and not all(shards.values()):  # a worker without rows still needs the new weights
             ray.get([w.receive_weights.remote(weights) for w in self.workers])
             weights = None
-        refs = [
-            w.rollout.remote(shard, group_size, temperature, seed, weights)
-            for w, shard in zip(self.workers, shards)
-            if shard
-        ]
-        return PendingSample(refs, rows)
+        shards = {i: shard for i, shard in shards.items() if shard}
+        args = (group_size, temperature, seed)
+        refs = {i: self.workers[i].rollout.remote(shard, *args, weights) for i, shard in shards.items()}
+        return PendingSample(refs, rows, shards, args)
 
     def gather(self, pending: PendingSample) -> tuple[list[TrajectoryGroup], RolloutTimings]:
         groups: list[TrajectoryGroup] = []
         timings = RolloutTimings()
-        for shard_groups, shard_timings in ray.get(pending.refs):
+        results = self._collect(pending)
+        for i in sorted(results):
+            shard_groups, shard_timings = results[i]
             groups.extend(shard_groups)
             timings = timings.slowest(shard_timings)  # workers run in parallel: the slowest one counts
         order = {str(r["id"]): i for i, r in enumerate(pending.rows)}
         groups.sort(key=lambda g: order[g.prompt_id])
         return groups, timings
+
+    def _collect(self, pending: PendingSample) -> dict[int, tuple[list[TrajectoryGroup], RolloutTimings]]:
+        """Every shard's result; with recovery, a shard whose work was lost is redone on its restarted worker (the
+        same rows and seed, after the latest weights), within the bound on restarts."""
+        if self.recovery is None:
+            return dict(zip(pending.refs, ray.get(list(pending.refs.values()))))
+        refs, results, rounds = dict(pending.refs), {}, 0
+        deadline = self.recovery.deadlines.rollout_s(max(map(len, pending.shards.values())) * pending.args[0])
+        while refs:
+            done, lost = self.recovery.wait(refs, deadline)
+            # A worker Ray restarted between two calls serves the base model: what it sampled is redone too.
+            lost += [i for i, (groups, _) in done.items() if self._behind(groups)]
+            results.update((i, r) for i, r in done.items() if i not in lost)
+            if lost:
+                self.recovery.recover()  # raises past the bound on restarts
+                rounds += 1
+                if rounds > self.recovery.max_rounds:
+                    raise ActorFailed(f"the rollout calls of worker(s) {lost} lost their work {rounds} times")
+            refs = {i: self.workers[i].rollout.remote(pending.shards[i], *pending.args, self.latest) for i in lost}
+        return results
+
+    def _behind(self, groups: list[TrajectoryGroup]) -> bool:
+        return self.latest is not None and min(g.min_policy_version for g in groups) < self.latest.version
 
     def versions(self) -> list[int]:
         return ray.get([w.get_version.remote() for w in self.workers])

@@ -7,6 +7,7 @@ learner step are applied by its `sync.receiver.WeightReceiver` (this actor only 
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -210,6 +211,10 @@ class RolloutWorker:
 
     def get_version(self) -> int:
         return self.weights.version
+
+    def pid(self) -> int:
+        """This actor's process id: a restart changes it (rollout/recovery.py); chaos tests kill it."""
+        return os.getpid()
 
     async def receive_weights(self, update: WeightUpdate) -> int:
         return await self.weights.receive(update)

@@ -33,6 +33,7 @@ LAYERS = {
     "messages": 0,
     "gguf_convert": 0,  # llama.cpp's converter in a subprocess, the Ollama Modelfile: nothing of ours
     "resume": 0,  # repairs a run directory before Ray starts (config, outputs, torch)
+    "deadlines": 0,  # how long each remote wait may take, from the config (pure)
     # roles, lowest first
     "envs": 1,
     "rewards": 2,

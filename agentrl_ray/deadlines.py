@@ -1,0 +1,50 @@
+"""How long each wait on a remote call may take, derived from the config (no Ray here: unit-tested alone).
+
+A deadline is an upper bound on healthy work, not an estimate: one that passes means the actor is stuck (stopped,
+deadlocked, or waiting on one that is), and the rollout pool then kills and restarts it (`rollout/recovery.py`).
+Generation is bounded per decode step of an engine's whole batch (`recovery.decode_step_s`): a turn is at most
+`max_tokens_per_turn` steps per wave of `max_num_seqs` sequences; environment work by `env.tool_timeout_s`, which
+the env host enforces per call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from agentrl_ray.config import Config
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """Seconds; one instance per run (`Deadlines.of(cfg)`), carried by the rollout pool."""
+
+    turn_s: float
+    """One turn of one engine: its generation for a full batch wave and the tool calls it leads to."""
+    fixed_s: float
+    """Per rollout call, besides its turns: reset, rewards, close (one tool timeout each) and the slack."""
+    max_turns: int
+    max_num_seqs: int
+    probe_s: float
+    """A healthy actor answers a ping within this: an engine's event loop is busy for at most one generate call."""
+    actor_start_s: float
+    """A restarted actor is back within this (an engine loads its model again)."""
+
+    @classmethod
+    def of(cls, cfg: Config) -> Deadlines:
+        r, rc = cfg.rollout, cfg.recovery
+        generate = r.max_tokens_per_turn * rc.decode_step_s
+        return cls(
+            turn_s=generate + cfg.env.tool_timeout_s,
+            fixed_s=3 * cfg.env.tool_timeout_s + rc.slack_s,
+            max_turns=r.max_turns,
+            max_num_seqs=r.max_num_seqs,
+            probe_s=generate + rc.slack_s,
+            actor_start_s=rc.actor_start_s,
+        )
+
+    def rollout_s(self, num_sequences: int) -> float:
+        """One rollout call of `num_sequences` trajectories on one engine (sequences past `max_num_seqs` wait for
+        a later wave)."""
+        waves = max(1, math.ceil(num_sequences / self.max_num_seqs))
+        return self.max_turns * waves * self.turn_s + self.fixed_s
