@@ -24,6 +24,7 @@ from agentrl_ray.learner import guards
 from agentrl_ray.learner.batching import build_batch, micro_batches, shard
 from agentrl_ray.learner.feed import PromptSampler, RolloutFeed
 from agentrl_ray.learner.policy import TRAINER_STATE, Policy
+from agentrl_ray.learner.resume_state import batch_state, batches_from_state, rng_state, set_rng_state
 from agentrl_ray.learner.schedule import lr_at
 from agentrl_ray.learner.watch import RunWatch
 from agentrl_ray.outputs import eval_text
@@ -245,6 +246,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         feed = RolloutFeed(pool, sender, sampler, cfg)
         log = config["log"]  # outputs.LogClient: records go to the driver's node (storage.py)
         log.truncate_after(start)
+        feed.ready.update(batches_from_state(state.get("in_flight", {})))  # overlapped: sampled by version start-1
+    if "rng" in state:  # learner/resume_state.py: the resumed run is the run that would have been
+        set_rng_state(state["rng"])
     # Weights are read on every rank (a collective gather under ZeRO-3); rank 0 pushes them. So do evaluations.
     if start > 0:  # the rollout engines restarted from the base model: give them the checkpoint's weights
         named = policy.named_tensors_for_sync()
@@ -297,7 +301,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             log.print_step(done, metrics)
         stop = broadcast_groups(stop, world)  # every rank stops at the same step
         if (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0) or done == cfg.run.steps or stop:
-            save_checkpoint(policy, tokenizer, {"step": done, "samples": samples}, rank, _scalars(metrics))
+            in_flight = batch_state(feed.ready) if rank == 0 else {}
+            resume = {"step": done, "samples": samples, "rng": rng_state(), "in_flight": in_flight}
+            save_checkpoint(policy, tokenizer, resume, rank, _scalars(metrics))
         if stop:
             if rank == 0:
                 feed.settle()  # the next step's batch, already sent out, is no longer wanted

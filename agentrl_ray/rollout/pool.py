@@ -137,7 +137,8 @@ class RolloutPool:
         if self.recovery is None:
             return dict(zip(pending.refs, ray.get(list(pending.refs.values()))))
         refs, results, rounds = dict(pending.refs), {}, 0
-        deadline = self.recovery.deadlines.rollout_s(max(map(len, pending.shards.values())) * pending.args[0])
+        most = max(map(len, pending.shards.values()), default=0) * pending.args[0]  # trajectories on one engine
+        deadline = self.recovery.deadlines.rollout_s(most)
         while refs:
             done, lost = self.recovery.wait(refs, deadline)
             # A worker Ray restarted between two calls serves the base model: what it sampled is redone too.
@@ -148,7 +149,8 @@ class RolloutPool:
                 rounds += 1
                 if rounds > self.recovery.max_rounds:
                     raise ActorFailed(f"the rollout calls of worker(s) {lost} lost their work {rounds} times")
-            refs = {i: self.workers[i].rollout.remote(pending.shards[i], *pending.args, self.latest) for i in lost}
+            again = (*pending.args, self.latest)
+            refs = {i: self.workers[i].rollout.remote(pending.shards[i], *again, redo=True) for i in lost}
         return results
 
     def _behind(self, groups: list[TrajectoryGroup]) -> bool:

@@ -23,12 +23,13 @@ from collections import Counter
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from agentrl_ray.deadlines import Deadlines
 from agentrl_ray.envs.host import EnvHost
 
 log = logging.getLogger("agentrl_ray")
+DEAD_AFTER_S = 30.0  # an actor whose calls fail at once for this long is dead for good, not restarting
 
 
 class RestartableEnvHost(EnvHost):
@@ -83,13 +84,10 @@ class Recovery:
         return results, lost
 
     def recover(self) -> None:
-        """After lost work: wait until every actor answers again (killing the stuck ones), count the restarts, and
-        stop past the bound."""
+        """After lost work: wait until every actor answers again (a restarting engine loads its model anew), count
+        the restarts, and stop past the bound. Stuck actors were killed before (`wait`)."""
         t0 = time.perf_counter()
-        pids = self._pids(self.deadlines.probe_s, kill_silent=True)
-        missing = [n for n in self.actors if n not in pids]
-        if missing:
-            pids.update(self._pids(self.deadlines.actor_start_s, only=missing))
+        pids = self._pids(self.deadlines.actor_start_s)
         for name, pid in pids.items():
             if pid != self.pids.get(name):
                 self.restarts[name] += 1
@@ -103,7 +101,7 @@ class Recovery:
     def _unstick(self, stuck: dict[int, Any]) -> None:
         """Kill whatever does not answer; a call still out afterwards (its worker answers, but waits on something
         that never returns) gets its worker killed too, so that no old call runs beside its redo."""
-        self._pids(self.deadlines.probe_s, kill_silent=True)
+        self._kill_silent()
         refs = list(stuck.values())
         _, still = ray.wait(refs, num_returns=len(refs), timeout=self.deadlines.probe_s)
         for index, ref in stuck.items():
@@ -113,25 +111,35 @@ class Recovery:
         if still:
             ray.wait(still, num_returns=len(still), timeout=self.deadlines.probe_s)
 
-    def _pids(self, timeout_s: float, kill_silent: bool = False, only: list[str] | None = None) -> dict[str, int]:
-        names = only or list(self.actors)
-        refs = {name: self.actors[name].pid.remote() for name in names}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    def _pids(self, timeout_s: float) -> dict[str, int]:
+        """Every actor's process id, waiting up to `timeout_s` for each to come back from a restart. A call that
+        reaches an actor in the moment between its death and Ray's notice of it fails at once: it is repeated, for
+        `DEAD_AFTER_S`; an actor that keeps failing so long is gone for good (past `max_restarts`)."""
+        end = time.monotonic() + timeout_s
         pids = {}
+        for name, actor in self.actors.items():
+            failing_since = None
+            while name not in pids:
+                try:
+                    pids[name] = ray.get(actor.pid.remote(), timeout=max(1.0, end - time.monotonic()))
+                except GetTimeoutError as err:
+                    message = f"{name} did not answer within {timeout_s:.0f} s (recovery.actor_start_s)"
+                    raise ActorFailed(message) from err
+                except RayActorError as err:
+                    failing_since = failing_since or time.monotonic()
+                    if time.monotonic() - failing_since > DEAD_AFTER_S:
+                        raise ActorFailed(f"{self._bound_message(name)}: {_first_line(err)}") from err
+                    time.sleep(1.0)
+        return pids
+
+    def _kill_silent(self) -> None:
+        """Kill every actor that does not answer a ping within `probe_s` (Ray restarts it)."""
+        refs = {name: actor.pid.remote() for name, actor in self.actors.items()}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.deadlines.probe_s)
         for name, ref in refs.items():
             if ref not in ready:
-                if not kill_silent:
-                    raise ActorFailed(f"{name} did not answer within {timeout_s:.0f} s of its restart")
-                log.warning("recovery: %s does not answer within %.0f s: killing it (Ray restarts it)", name, timeout_s)
+                log.warning("recovery: %s does not answer within %.0f s: killing it", name, self.deadlines.probe_s)
                 ray.kill(self.actors[name], no_restart=False)
-                continue
-            try:
-                pids[name] = ray.get(ref)
-            except RayActorError as err:
-                if kill_silent:  # restarting now, or gone for good: the slow wait tells which
-                    continue
-                raise ActorFailed(f"{self._bound_message(name)}: {_first_line(err)}") from err
-        return pids
 
     def _bound_message(self, name: str) -> str:
         return (

@@ -83,15 +83,17 @@ class RolloutWorker:
         temperature: float,
         seed: int,
         weights: WeightUpdate | None = None,
+        redo: bool = False,
     ) -> tuple[list[TrajectoryGroup], RolloutTimings]:
         """Sample `group_size` trajectories for each row; returns the groups and timing/env stats. `weights`
-        (the sender's pending update) are loaded first."""
+        (the sender's pending update) are loaded first. `redo`: this call repeats one whose work was lost
+        (rollout/recovery.py); environments it left open under the same keys are closed first."""
         t_start = time.perf_counter()
         timings = RolloutTimings()
         if weights is not None:
             await self.weights.receive(weights)
             timings.load_weights_s = time.perf_counter() - t_start
-        episodes = await self._start_episodes(rows, group_size, seed)
+        episodes = await self._start_episodes(rows, group_size, seed, redo)
         try:
             await run_episodes(
                 episodes,
@@ -131,7 +133,9 @@ class RolloutWorker:
         timings.worker_s = time.perf_counter() - t_start
         return groups, timings
 
-    async def _start_episodes(self, rows: list[dict[str, Any]], group_size: int, seed: int) -> list[Episode]:
+    async def _start_episodes(
+        self, rows: list[dict[str, Any]], group_size: int, seed: int, redo: bool = False
+    ) -> list[Episode]:
         keys = []
         seen: set[str] = set()
         for row in rows:
@@ -144,6 +148,8 @@ class RolloutWorker:
         episodes = []
         # A group shares its prompt (ids, messages) unless reset() differs.
         prompts: dict[tuple[int, str | None], tuple[list[int], list[dict]]] = {}
+        if redo:  # a dead worker never closed them; a restarted env host has none (closing is then a no-op)
+            await self.envs.close(keys)
         try:
             reset_texts = await self.envs.create([(k, rows[i // group_size]) for i, k in enumerate(keys)])
             for i, (key, extra) in enumerate(zip(keys, reset_texts)):

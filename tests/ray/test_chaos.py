@@ -1,0 +1,157 @@
+"""Chaos during real training runs (real Ray, vLLM and learner): a rollout worker's or an env host's process is
+killed (SIGKILL) or frozen (SIGSTOP) while a step's rollout is out. Ray restarts the actor (`max_restarts`), the pool
+redoes the lost rollout call with the same rows and seed after loading the latest weights (rollout/recovery.py), and
+a frozen actor is found by its deadline (deadlines.py) and killed. Each run must complete every step, log each step
+exactly once, and end with the very weights of an uninterrupted run with the same seed (on-policy: the run is
+deterministic, so any lost or changed trajectory would change them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+import ray
+import torch
+from safetensors.torch import load_file
+
+from agentrl_ray.config import load_config
+from agentrl_ray.driver import train
+from agentrl_ray.rollout.pool import RolloutPool
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+SMALL = [
+    "profile=cpu",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "data.train_size=64",
+    "data.eval_size=8",
+    "run.eval_samples=1",
+    "run.eval_every=0",
+    "run.eval_at_start=false",
+    "run.checkpoint_every=0",
+    "run.keep_checkpoints=0",
+    "run.plot=false",
+    "sync.max_staleness=0",
+    f"run.steps={STEPS}",
+    # Deadlines short enough that a frozen engine is found in well under a minute, long enough for healthy work.
+    "env.tool_timeout_s=2",
+    "recovery.decode_step_s=0.1",
+    "recovery.slack_s=10",
+]
+
+
+def _run(tmp_path, name, chaos=None):
+    """Train with a pool the test can reach; `chaos(pool)` runs in a thread beside the run. Returns (final weights,
+    metrics records, the pool's actor pids before and after)."""
+    cfg = load_config(None, [*SMALL, f"run.output_dir={tmp_path}", f"run.name={name}"])
+    pool = RolloutPool.create(cfg, str(_model_path(cfg)))
+    try:
+        before = _pids(pool)
+        thread = threading.Thread(target=chaos, args=(pool, cfg.run_dir), daemon=True) if chaos else None
+        if thread:
+            thread.start()
+        t0 = time.perf_counter()
+        train(cfg, pool=pool)
+        wall = time.perf_counter() - t0
+        if thread:
+            thread.join(timeout=5)
+        after = _pids(pool)
+    finally:
+        pool.shutdown()
+    records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    weights = load_file(str(cfg.run_dir / f"checkpoint_{STEPS:06d}" / "model" / "model.safetensors"))
+    return weights, records, before, after, wall
+
+
+def _model_path(cfg):
+    from agentrl_ray.driver import resolve_model
+
+    return resolve_model(cfg.model.path)
+
+
+def _pids(pool):
+    return ray.get([a.pid.remote() for a in pool.workers + pool.env_hosts], timeout=600)
+
+
+def _when_rollout_is_out(pool, run_dir, after_step=1):
+    """Wait until step `after_step` is logged and the next step's environments are open on the env host: the
+    rollout call is then in flight."""
+    path = run_dir / "metrics.jsonl"
+    while True:
+        try:
+            steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
+        except (OSError, ValueError):  # not written yet, or a line half written
+            steps = []
+        if steps and max(steps) >= after_step and ray.get(pool.env_hosts[0].stats.remote())["open"] > 0:
+            return time.perf_counter()
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def reference(local_ray, builtin_model_path, tmp_path_factory):
+    weights, records, _, _, wall = _run(tmp_path_factory.mktemp("chaos"), "reference")
+    print(f"\nreference run: {wall:.1f} s, step times {[round(r['time/step_s'], 1) for r in records]}")
+    return weights, records
+
+
+def _check_same_run(reference, weights, records, label):
+    ref_weights, ref_records = reference
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))  # every step, exactly once
+    assert [r["reward/mean"] for r in records] == [r["reward/mean"] for r in ref_records]
+    diffs = {k: float((weights[k].double() - ref_weights[k].double()).abs().max()) for k in ref_weights}
+    worst = max(diffs, key=diffs.get)
+    print(f"{label}: largest weight difference to the uninterrupted run {diffs[worst]:.3g} ({worst})")
+    assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights), f"{worst} differs by {diffs[worst]}"
+
+
+def _report(label, records, reference):
+    """Recovery cost: how much longer the slowest step took than the same step of the uninterrupted run."""
+    ref_steps = [r["time/step_s"] for r in reference[1]]
+    steps = [r["time/step_s"] for r in records]
+    extra = max(s - r for s, r in zip(steps, ref_steps))
+    print(f"{label}: step times {[round(s, 1) for s in steps]} s, uninterrupted {[round(s, 1) for s in ref_steps]} s")
+    print(f"{label}: recovery took ~{extra:.1f} s")
+
+
+@pytest.mark.parametrize("target", ["rollout worker", "env host"])
+def test_a_killed_actor_is_restarted_and_its_lost_work_redone(reference, tmp_path, target):
+    def chaos(pool, run_dir):
+        actor = pool.workers[0] if target == "rollout worker" else pool.env_hosts[0]
+        pid = ray.get(actor.pid.remote())
+        _when_rollout_is_out(pool, run_dir)
+        os.kill(pid, signal.SIGKILL)
+
+    weights, records, before, after, wall = _run(tmp_path, "killed", chaos)
+    index = 0 if target == "rollout worker" else -1  # one worker, one env host: [worker pid, host pid]
+    assert after[index] != before[index]  # it was killed and Ray restarted it
+    assert len(after) == 2 and after[1 + index] == before[1 + index]  # the other one was left alone
+    _report(f"SIGKILL {target}", records, reference)
+    _check_same_run(reference, weights, records, f"SIGKILL {target}")
+
+
+def test_a_frozen_rollout_worker_is_killed_at_its_deadline(reference, tmp_path):
+    stopped = []
+
+    def chaos(pool, run_dir):
+        pid = ray.get(pool.workers[0].pid.remote())
+        _when_rollout_is_out(pool, run_dir)
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append(pid)
+
+    try:
+        weights, records, before, after, wall = _run(tmp_path, "frozen", chaos)
+    finally:
+        for pid in stopped:  # never leave a stopped process behind if recovery failed
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert stopped and after[0] != before[0]  # the frozen engine was killed at its deadline and restarted
+    _report("SIGSTOP rollout worker", records, reference)
+    _check_same_run(reference, weights, records, "SIGSTOP rollout worker")
