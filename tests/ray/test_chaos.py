@@ -34,7 +34,7 @@ SMALL = [
     "run.eval_samples=1",
     "run.eval_every=0",
     "run.eval_at_start=false",
-    "run.checkpoint_every=0",
+    "run.checkpoint_every=1",
     "run.keep_checkpoints=0",
     "run.plot=false",
     "sync.max_staleness=0",
@@ -95,13 +95,14 @@ def _when_rollout_is_out(pool, run_dir, after_step=1):
 
 @pytest.fixture(scope="module")
 def reference(local_ray, builtin_model_path, tmp_path_factory):
-    weights, records, _, _, wall = _run(tmp_path_factory.mktemp("chaos"), "reference")
+    out = tmp_path_factory.mktemp("chaos")
+    weights, records, _, _, wall = _run(out, "reference")
     print(f"\nreference run: {wall:.1f} s, step times {[round(r['time/step_s'], 1) for r in records]}")
-    return weights, records
+    return weights, records, out
 
 
 def _check_same_run(reference, weights, records, label):
-    ref_weights, ref_records = reference
+    ref_weights, ref_records = reference[:2]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))  # every step, exactly once
     assert [r["reward/mean"] for r in records] == [r["reward/mean"] for r in ref_records]
     diffs = {k: float((weights[k].double() - ref_weights[k].double()).abs().max()) for k in ref_weights}
@@ -155,3 +156,39 @@ def test_a_frozen_rollout_worker_is_killed_at_its_deadline(reference, tmp_path):
     assert stopped and after[0] != before[0]  # the frozen engine was killed at its deadline and restarted
     _report("SIGSTOP rollout worker", records, reference)
     _check_same_run(reference, weights, records, "SIGSTOP rollout worker")
+
+
+def _crash_after_checkpoint(out, name, last=STEPS - 1):
+    """What a driver killed while writing checkpoint `last + 1` leaves: that checkpoint's weights cut short (resume
+    moves it aside, resume.py) and metrics.jsonl ending in half a line."""
+    torn = out / name / f"checkpoint_{last + 1:06d}" / "model" / "model.safetensors"
+    torn.write_bytes(torn.read_bytes()[:1000])
+    with (out / name / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 9, "rew')
+
+
+def _resume(out, name, extra=()):
+    cfg = load_config(None, [*SMALL, *extra, f"run.output_dir={out}", f"run.name={name}", "run.resume=true"])
+    train(cfg)
+    records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    return load_file(str(cfg.run_dir / f"checkpoint_{STEPS:06d}" / "model" / "model.safetensors")), records
+
+
+def test_on_policy_resume_after_a_crash_is_bit_identical(reference):
+    out = reference[2]
+    _crash_after_checkpoint(out, "reference")  # the reference's own run dir: its weights are already in memory
+    weights, records = _resume(out, "reference")
+    _check_same_run(reference, weights, records, "on-policy resume from checkpoint 2")
+
+
+def test_overlapped_resume_after_a_crash_is_bit_identical(local_ray, builtin_model_path, tmp_path):
+    """Overlapped, step 3's batch was sampled by version 2 while step 2 trained; the checkpoint of step 2 carries it
+    (learner/resume_state.py), where a re-sample would use version 3 and give another run."""
+    overlapped = ["sync.max_staleness=1"]
+    cfg = load_config(None, [*SMALL, *overlapped, f"run.output_dir={tmp_path}", "run.name=overlapped"])
+    train(cfg)
+    uninterrupted = load_file(str(cfg.run_dir / f"checkpoint_{STEPS:06d}" / "model" / "model.safetensors"))
+    first = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    _crash_after_checkpoint(tmp_path, "overlapped")
+    weights, records = _resume(tmp_path, "overlapped", overlapped)
+    _check_same_run((uninterrupted, first), weights, records, "overlapped resume from checkpoint 2")
