@@ -74,7 +74,9 @@ class Recovery:
                 continue
             try:
                 results[key] = ray.get(ref)
-            except RayActorError as err:
+            except Exception as err:
+                if not lost_to_an_actor(err):
+                    raise
                 log.warning("recovery: a rollout call lost its work: %s", _first_line(err))
                 lost.append(key)
         stuck = {k: refs[k] for k in lost if refs[k] not in done}
@@ -146,6 +148,16 @@ class Recovery:
             f"{name} failed and was restarted {self.restarts[name]} time(s); recovery.max_actor_restarts="
             f"{self.max_restarts} allows no more (restarts so far: {dict(self.restarts) or 'none'})"
         )
+
+
+def lost_to_an_actor(err: BaseException | None) -> bool:
+    """Whether an actor's death (the worker's own, or one it called, e.g. an env host) failed this call: the error
+    or any error in its chain of causes (a rollout's `RayTaskError` wraps the env host's) is a `RayActorError`."""
+    while err is not None:
+        if isinstance(err, RayActorError):
+            return True
+        err = getattr(err, "cause", None) or err.__cause__
+    return False
 
 
 def _first_line(err: BaseException) -> str:
