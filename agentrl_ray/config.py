@@ -296,6 +296,8 @@ class RecoveryConfig:
 
     max_actor_restarts: int = 3
     """Restarts Ray grants each rollout worker and env host (their lost work is redone); past it the run stops."""
+    max_learner_failures: int = 1
+    """Learner failures Ray Train restarts from the latest checkpoint (FailureConfig.max_failures; errors count too)."""
     decode_step_s: float = 2.0
     """Upper bound on one decode step of an engine's full batch, s; a rollout's deadline is built from it."""
     slack_s: float = 120.0
@@ -576,6 +578,7 @@ def validate(cfg: Config) -> None:
     need(cfg.placement.timeout_s > 0, "placement.timeout_s must be > 0")
     rc = cfg.recovery
     need(rc.max_actor_restarts >= 0, "recovery.max_actor_restarts must be >= 0")
+    need(rc.max_learner_failures >= 0, "recovery.max_learner_failures must be >= 0")
     need(min(rc.decode_step_s, rc.slack_s, rc.actor_start_s) > 0, "recovery: deadlines must be > 0 seconds")
     for section, res in (("rollout", r.resources), ("env", cfg.env.resources), ("learner", lr.resources)):
         need(

@@ -150,6 +150,8 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
                 name=cfg.run.name,
                 storage_path=storage,
                 checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints or None),
+                # A dead learner worker: the group restarts from the latest checkpoint (docs/reliability.md).
+                failure_config=ray.train.FailureConfig(max_failures=cfg.recovery.max_learner_failures),
             ),
         )
         result = trainer.fit()

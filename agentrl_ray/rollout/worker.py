@@ -7,6 +7,7 @@ learner step are applied by its `sync.receiver.WeightReceiver` (this actor only 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -73,6 +74,9 @@ class RolloutWorker:
             engine_kwargs=cfg.engine_kwargs,
         )
         self.weights = WeightReceiver(model_path, self.engine.load_weights, collective)
+        # One rollout call at a time. The pool never sends two, but a learner restarted by Ray Train may send its
+        # first while the dead learner's last call still runs here: it waits for it (same environment keys).
+        self._one_rollout = asyncio.Lock()
 
     # ---------------------------------------------------------------- rollouts
 
@@ -88,6 +92,18 @@ class RolloutWorker:
         """Sample `group_size` trajectories for each row; returns the groups and timing/env stats. `weights`
         (the sender's pending update) are loaded first. `redo`: this call repeats one whose work was lost
         (rollout/recovery.py); environments it left open under the same keys are closed first."""
+        async with self._one_rollout:
+            return await self._rollout(rows, group_size, temperature, seed, weights, redo)
+
+    async def _rollout(
+        self,
+        rows: list[dict[str, Any]],
+        group_size: int,
+        temperature: float,
+        seed: int,
+        weights: WeightUpdate | None,
+        redo: bool,
+    ) -> tuple[list[TrajectoryGroup], RolloutTimings]:
         t_start = time.perf_counter()
         timings = RolloutTimings()
         if weights is not None:

@@ -98,7 +98,7 @@ def reference(local_ray, builtin_model_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("chaos")
     weights, records, _, _, wall = _run(out, "reference")
     print(f"\nreference run: {wall:.1f} s, step times {[round(r['time/step_s'], 1) for r in records]}")
-    return weights, records, out
+    return weights, records, out, wall
 
 
 def _check_same_run(reference, weights, records, label):
@@ -156,6 +156,35 @@ def test_a_frozen_rollout_worker_is_killed_at_its_deadline(reference, tmp_path):
     assert stopped and after[0] != before[0]  # the frozen engine was killed at its deadline and restarted
     _report("SIGSTOP rollout worker", records, reference)
     _check_same_run(reference, weights, records, "SIGSTOP rollout worker")
+
+
+def _learner_pids():
+    """The Ray Train worker processes (Ray titles an actor's process `ray::<class>...`)."""
+    import psutil
+
+    pids = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if any("RayTrainWorker" in part for part in proc.info["cmdline"] or []):
+            pids.append(proc.info["pid"])
+    return pids
+
+
+def test_a_killed_learner_worker_restarts_from_the_latest_checkpoint(reference, tmp_path):
+    """Ray Train's FailureConfig restarts the learner from checkpoint 1; the dead learner's rollout call still runs
+    on the engine, and the new learner's waits for it (one rollout call at a time per worker)."""
+    killed = []
+
+    def chaos(pool, run_dir):
+        _when_rollout_is_out(pool, run_dir)
+        killed.extend(_learner_pids())
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+
+    weights, records, before, after, wall = _run(tmp_path, "learner", chaos)
+    assert killed and after == before  # the learner died; the rollout worker and env host were left alone
+    # Its step times are the new attempt's: the restart shows in the run's wall time instead.
+    print(f"SIGKILL learner worker: run took {wall:.1f} s, uninterrupted {reference[3]:.1f} s")
+    _check_same_run(reference, weights, records, "SIGKILL learner worker")
 
 
 def _crash_after_checkpoint(out, name, last=STEPS - 1):
