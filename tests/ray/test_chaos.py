@@ -158,35 +158,6 @@ def test_a_frozen_rollout_worker_is_killed_at_its_deadline(reference, tmp_path):
     _check_same_run(reference, weights, records, "SIGSTOP rollout worker")
 
 
-def _learner_pids():
-    """The Ray Train worker processes (Ray titles an actor's process `ray::<class>...`)."""
-    import psutil
-
-    pids = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        if any("RayTrainWorker" in part for part in proc.info["cmdline"] or []):
-            pids.append(proc.info["pid"])
-    return pids
-
-
-def test_a_killed_learner_worker_restarts_from_the_latest_checkpoint(reference, tmp_path):
-    """Ray Train's FailureConfig restarts the learner from checkpoint 1; the dead learner's rollout call still runs
-    on the engine, and the new learner's waits for it (one rollout call at a time per worker)."""
-    killed = []
-
-    def chaos(pool, run_dir):
-        _when_rollout_is_out(pool, run_dir)
-        killed.extend(_learner_pids())
-        for pid in killed:
-            os.kill(pid, signal.SIGKILL)
-
-    weights, records, before, after, wall = _run(tmp_path, "learner", chaos)
-    assert killed and after == before  # the learner died; the rollout worker and env host were left alone
-    # Its step times are the new attempt's: the restart shows in the run's wall time instead.
-    print(f"SIGKILL learner worker: run took {wall:.1f} s, uninterrupted {reference[3]:.1f} s")
-    _check_same_run(reference, weights, records, "SIGKILL learner worker")
-
-
 def _crash_after_checkpoint(out, name, last=STEPS - 1):
     """What a driver killed while writing checkpoint `last + 1` leaves: that checkpoint's weights cut short (resume
     moves it aside, resume.py) and metrics.jsonl ending in half a line."""
@@ -221,3 +192,32 @@ def test_overlapped_resume_after_a_crash_is_bit_identical(local_ray, builtin_mod
     _crash_after_checkpoint(tmp_path, "overlapped")
     weights, records = _resume(tmp_path, "overlapped", overlapped)
     _check_same_run((uninterrupted, first), weights, records, "overlapped resume from checkpoint 2")
+
+
+def _learner_pids():
+    """The Ray Train worker processes (Ray titles an actor's process `ray::<class>...`)."""
+    import psutil
+
+    pids = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if any("RayTrainWorker" in part for part in proc.info["cmdline"] or []):
+            pids.append(proc.info["pid"])
+    return pids
+
+
+def test_a_killed_learner_worker_resumes_from_the_latest_checkpoint(reference, tmp_path):
+    """Ray Train's FailureConfig restarts the learner from checkpoint 1; the dead learner's rollout call still runs
+    on the engine, and the new learner's waits for it (one rollout call at a time per worker)."""
+    killed = []
+
+    def chaos(pool, run_dir):
+        _when_rollout_is_out(pool, run_dir)
+        killed.extend(_learner_pids())
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+
+    weights, records, before, after, wall = _run(tmp_path, "learner", chaos)
+    assert killed and after == before  # the learner died; the rollout worker and env host were left alone
+    # Its step times are the new attempt's: the restart shows in the run's wall time instead.
+    print(f"SIGKILL learner worker: run took {wall:.1f} s, uninterrupted {reference[3]:.1f} s")
+    _check_same_run(reference, weights, records, "SIGKILL learner worker")
