@@ -195,13 +195,17 @@ def test_overlapped_resume_after_a_crash_is_bit_identical(local_ray, builtin_mod
 
 
 def _learner_pids():
-    """The Ray Train worker processes (Ray titles an actor's process `ray::<class>...`)."""
+    """This test's Ray Train worker processes (Ray titles an actor's process `ray::<class>...`): only descendants of
+    this process, which started the local Ray (never another run's on a shared machine)."""
     import psutil
 
     pids = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        if any("RayTrainWorker" in part for part in proc.info["cmdline"] or []):
-            pids.append(proc.info["pid"])
+    for proc in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if any("RayTrainWorker" in part for part in proc.cmdline()):
+                pids.append(proc.pid)
+        except psutil.Error:  # gone meanwhile
+            pass
     return pids
 
 
