@@ -250,7 +250,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if "rng" in state:  # learner/resume_state.py: the resumed run is the run that would have been
         set_rng_state(state["rng"])
     # Weights are read on every rank (a collective gather under ZeRO-3); rank 0 pushes them. So do evaluations.
-    if start > 0:  # the rollout engines restarted from the base model: give them the checkpoint's weights
+    # A learner Ray Train restarted before its first checkpoint finds engines holding the dead one's weights.
+    pushed_before = broadcast_groups(rank == 0 and start == 0 and any(pool.versions()), world)
+    if start > 0 or pushed_before:  # give the engines the checkpoint's (or the base model's) weights
         named = policy.named_tensors_for_sync()
         if rank == 0:
             sender.push(named, start)
