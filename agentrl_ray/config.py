@@ -251,6 +251,9 @@ class LearnerConfig:
     """CPU threads of each learner rank; 0 = the node's cores shared by its ranks (see agentrl_ray/threads.py)."""
     bf16: bool = False
     """DDP learner: bfloat16 autocast with float32 weights and optimizer (DeepSpeed uses its own settings)."""
+    chunked_logprobs: bool = True
+    """Log-probabilities from the last hidden states chunk by chunk (agentrl_ray/chunked_logprobs.py), never the whole
+    (batch, tokens, vocabulary) logits; false: the model's full logits. Falls back to full logits under ZeRO-3."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass (Hugging Face `gradient_checkpointing_enable`):
     activation memory of one layer instead of all, for ~30% more compute. Works with DDP, DeepSpeed and LoRA."""

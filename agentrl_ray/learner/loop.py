@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agentrl_ray.algorithms import LossNorm, compute_loss, echo_coeff_at, token_logprobs_and_entropy
+from agentrl_ray.algorithms import LossNorm, compute_loss, echo_coeff_at
 from agentrl_ray.config import Config
 from agentrl_ray.eval_stats import training_eval_metrics
 from agentrl_ray.learner import guards
@@ -48,16 +48,10 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
     old = [mb.rollout_logprobs for mb, _ in mbs]
     if a.tis_cap > 0:  # PPO ratio against the learner's own recomputation; TIS weights the rollout mismatch
         with torch.no_grad():
-            old = [
-                token_logprobs_and_entropy(policy.logits(mb.input_ids, mb.attention_mask), mb.input_ids, False)[0]
-                for mb, _ in mbs
-            ]
+            old = [policy.token_logprobs(mb.input_ids, mb.attention_mask, False)[0] for mb, _ in mbs]
     refs = [None] * len(mbs)
     if a.beta > 0:
-        refs = [
-            token_logprobs_and_entropy(policy.reference_logits(mb.input_ids, mb.attention_mask), mb.input_ids, False)[0]
-            for mb, _ in mbs
-        ]
+        refs = [policy.reference_logprobs(mb.input_ids, mb.attention_mask) for mb, _ in mbs]
     sums: dict[str, float] = {}
     t_opt = 0.0
     lr = lr_at(
@@ -74,8 +68,7 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
         for i, (mb, weight) in enumerate(mbs):
             last = i == len(mbs) - 1
             with policy.grad_sync_context(last):
-                logits = policy.logits(mb.input_ids, mb.attention_mask)  # (b, t, V)
-                logprobs, entropy = token_logprobs_and_entropy(logits, mb.input_ids)
+                logprobs, entropy = policy.token_logprobs(mb.input_ids, mb.attention_mask)  # (b, t) each
                 loss, metrics = compute_loss(
                     logprobs,
                     entropy,
@@ -144,9 +137,8 @@ def env_token_ce(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, pad
     sums = torch.zeros(2, dtype=torch.float64)  # (negative log-likelihood, token count)
     for mb, weight in micro_batches(mine, n_micro):
         mb = mb.to(policy.device)
-        with policy.autocast():
-            logits = policy.module(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits  # (b, t, V)
-        logprobs, _ = token_logprobs_and_entropy(logits, mb.input_ids, False)
+        with torch.no_grad():
+            logprobs, _ = policy.token_logprobs(mb.input_ids, mb.attention_mask, False, model=policy.module)
         sums[0] -= weight * float((logprobs * mb.env_mask).sum())
         sums[1] += weight * float(mb.env_mask.sum())
     if world > 1:

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from agentrl_ray.algorithms import token_logprobs_and_entropy
+from agentrl_ray.chunked_logprobs import hidden_token_logprobs
 from agentrl_ray.config import LearnerConfig, ModelConfig
 from agentrl_ray.learner import zero
 from agentrl_ray.sync.packing import load_safetensors_folder
@@ -114,13 +116,27 @@ class Policy:
         with self.autocast():
             return self.wrapped(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B,T,V)
 
-    @torch.no_grad()
-    def reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def token_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_entropy: bool = True, *, model=None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log-probs and entropy (B, T) of `model` (default: the wrapped policy). With
+        `learner.chunked_logprobs` the head runs chunk by chunk on the last hidden states (no (B, T, V) logits)."""
+        model = self.wrapped if model is None else model
+        head = model_head(model) if self.cfg.chunked_logprobs and not self.partitioned else None
         with self.autocast():
-            if self.reference is not None:
-                return self.reference(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-            with self.module.disable_adapter():
-                return self.module(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+            if head is None:
+                logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+                return token_logprobs_and_entropy(logits, input_ids, with_entropy)
+            with hidden_states_out(head):
+                hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B,T,H)
+            return hidden_token_logprobs(hidden, head.weight, input_ids, with_entropy)
+
+    @torch.no_grad()
+    def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.reference is not None:
+            return self.token_logprobs(input_ids, attention_mask, False, model=self.reference)[0]
+        with self.module.disable_adapter():
+            return self.token_logprobs(input_ids, attention_mask, False, model=self.module)[0]
 
     def grad_sync_context(self, sync: bool):
         """DDP all-reduces only on the last micro-batch of a step."""
@@ -217,6 +233,26 @@ class Policy:
                 )
         self.optimizer.load_state_dict(state["optimizer"])
         return state
+
+
+def model_head(model) -> torch.nn.Linear | None:
+    """The model's output projection when it is a plain bias-free Linear (what the chunked path computes itself);
+    None otherwise (e.g. a LoRA-wrapped head), and the full logits are used."""
+    inner = getattr(model, "module", model)  # DDP keeps the model as .module
+    get = getattr(inner, "get_output_embeddings", None)
+    head = get() if get is not None else None
+    return head if type(head) is torch.nn.Linear and head.bias is None else None
+
+
+@contextlib.contextmanager
+def hidden_states_out(head: torch.nn.Linear):
+    """The model's forward returns its last hidden states (B, T, H) as `.logits`: the head is made the identity for
+    the call (an instance attribute shadows `forward`), so wrappers (DDP, DeepSpeed, PEFT) still run their hooks."""
+    head.forward = lambda x: x
+    try:
+        yield
+    finally:
+        del head.forward
 
 
 def enable_gradient_checkpointing(model) -> None:

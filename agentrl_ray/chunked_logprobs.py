@@ -1,0 +1,105 @@
+"""Token log-probabilities straight from the last hidden states, never materialising the (B, T, V) logits.
+
+At a real vocabulary the language-model head dominates the learner's memory: Qwen2.5-0.5B's 151,936 logits per
+token are 0.6 MB in float32, so 64 samples of 300 tokens would need 11.7 GB for the logits alone, plus as much for
+their gradient. Here the head's matmul runs chunk by chunk over tokens (logits of a chunk, float32 log-softmax,
+gather, drop), and backward recomputes each chunk's logits instead of keeping them: peak memory is one chunk's
+(chunk, V) temporaries whatever the batch, for one extra head matmul (the head is ~1/4 of a 0.5B model's FLOPs).
+
+The result equals `algorithms.token_logprobs_and_entropy(hidden @ weight.T, ...)` up to float rounding, gradients
+included (`tests/unit/test_chunked_logprobs.py`). Plain torch: the learner (`learner/policy.py`) calls it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+CHUNK_ELEMENTS = 1 << 24  # a chunk's (tokens, V) float32 temporaries are at most this many elements (64 MiB)
+
+
+def chunk_tokens_for(vocab: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
+    """Tokens per chunk so that a chunk's logits hold at most `chunk_elements` elements (at least 16 tokens, so that
+    the matmul stays efficient at any vocabulary)."""
+    return max(16, chunk_elements // vocab)
+
+
+class _HiddenTokenLogProb(torch.autograd.Function):
+    """log softmax((hidden @ weight.T) / temperature)[target] and the (no-grad) entropy, for flat tokens.
+
+    Saves only hidden (N, H), the weight and the (N,) log-normalizers; backward recomputes each chunk's logits.
+    The head matmul runs in `compute_dtype` (bfloat16 under autocast, as the model's own head would), the softmax
+    math in float32.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk, compute_dtype, with_entropy):
+        n = hidden.shape[0]
+        acc = torch.promote_types(hidden.dtype, torch.float32)  # float32 (float64 stays float64: gradcheck)
+        w = weight.to(compute_dtype)  # (V, H): one cast per call, not per chunk
+        out = torch.empty(n, dtype=acc, device=hidden.device)  # (N,)
+        lse = torch.empty_like(out)
+        entropy = torch.zeros_like(out) if with_entropy else out.new_zeros(0)
+        for t0 in range(0, n, chunk):
+            t1 = min(n, t0 + chunk)
+            z = (hidden[t0:t1].to(compute_dtype) @ w.T).to(acc) / temperature  # (t, V)
+            lse[t0:t1] = torch.logsumexp(z, dim=-1)
+            out[t0:t1] = z.gather(-1, targets[t0:t1, None]).squeeze(-1) - lse[t0:t1]
+            if with_entropy:  # H = lse - sum(p * z)
+                entropy[t0:t1] = lse[t0:t1] - (torch.softmax(z, dim=-1) * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature, ctx.chunk, ctx.compute_dtype = temperature, chunk, compute_dtype
+        ctx.mark_non_differentiable(entropy)
+        return out, entropy
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_entropy):  # (N,)
+        hidden, weight, targets, lse = ctx.saved_tensors
+        temperature, cd = ctx.temperature, ctx.compute_dtype
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        w = weight.to(cd)
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
+        for t0 in range(0, hidden.shape[0], ctx.chunk):
+            t1 = min(hidden.shape[0], t0 + ctx.chunk)
+            h = hidden[t0:t1].to(cd)  # (t, H)
+            z = (h @ w.T).to(lse.dtype) / temperature  # (t, V)
+            g = grad_out[t0:t1, None].to(lse.dtype)  # (t, 1)
+            # d logp(y) / dz = onehot(y) - softmax(z), and z = logits / temperature
+            dz = (-torch.exp(z - lse[t0:t1, None]) * g).scatter_add_(-1, targets[t0:t1, None], g) / temperature
+            if need_h:
+                grad_h[t0:t1] = (dz.to(cd) @ w).to(hidden.dtype)
+            if need_w:  # the head is trained (full fine-tuning): accumulate in float32 whatever the compute dtype
+                grad_w += (dz.to(cd).T @ h).to(grad_w.dtype)
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None, None
+
+
+def hidden_token_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    input_ids: Tensor,
+    with_entropy: bool = True,
+    *,
+    temperature: float = 1.0,
+    chunk: int | None = None,
+    compute_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token log p(input_ids[:, t] | input_ids[:, :t]) and entropy, (B, T) each, from the last hidden states
+    (B, T, H) and the head's weight (V, H); position 0 has no prediction and gets 0 (as token_logprobs_and_entropy).
+
+    `chunk`: tokens per chunk (default: `chunk_tokens_for(V)`). `compute_dtype`: the head matmul's dtype (default:
+    the autocast dtype when autocast is on, else the weight's).
+    """
+    bsz, seqlen, width = hidden.shape
+    if compute_dtype is None:
+        on = torch.is_autocast_enabled(hidden.device.type)
+        compute_dtype = torch.get_autocast_dtype(hidden.device.type) if on else weight.dtype
+    chunk = chunk or chunk_tokens_for(weight.shape[0])
+    flat = hidden[:, :-1].reshape(-1, width)  # (B*(T-1), H): position t predicts token t + 1
+    targets = input_ids[:, 1:].reshape(-1)
+    with torch.autocast(hidden.device.type, enabled=False):  # dtypes are explicit inside
+        logp, ent = _HiddenTokenLogProb.apply(flat, weight, targets, temperature, chunk, compute_dtype, with_entropy)
+    first = logp.new_zeros((bsz, 1))
+    logprobs = torch.cat([first, logp.view(bsz, seqlen - 1)], dim=1)  # (B, T)
+    entropy = torch.cat([first, ent.view(bsz, seqlen - 1)], dim=1) if with_entropy else None
+    return logprobs, entropy

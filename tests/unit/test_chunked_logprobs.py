@@ -1,0 +1,113 @@
+"""Chunked log-probabilities from hidden states equal the unchunked ones, values and gradients."""
+
+import pytest
+import torch
+
+from agentrl_ray.algorithms import token_logprobs_and_entropy
+from agentrl_ray.chunked_logprobs import chunk_tokens_for, hidden_token_logprobs
+
+
+def _case(dtype, bsz=3, seqlen=9, width=16, vocab=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(bsz, seqlen, width, generator=g, dtype=dtype, requires_grad=True)
+    weight = torch.randn(vocab, width, generator=g, dtype=dtype, requires_grad=True)
+    ids = torch.randint(0, vocab, (bsz, seqlen), generator=g)
+    upstream = torch.randn(bsz, seqlen, generator=g, dtype=dtype)  # a loss weighting every position differently
+    return hidden, weight, ids, upstream
+
+
+def _grads(fn, hidden, weight, ids, upstream):
+    logp, ent = fn(hidden, weight, ids)
+    (logp * upstream).sum().backward()
+    out = (logp.detach(), ent, hidden.grad.clone(), weight.grad.clone())
+    hidden.grad = weight.grad = None
+    return out
+
+
+def _unchunked(temperature):
+    return lambda h, w, ids: token_logprobs_and_entropy(h @ w.T, ids, True, temperature=temperature)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 1000])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_equals_unchunked_in_float64(chunk, temperature):
+    case = _case(torch.float64)
+    ref = _grads(_unchunked(temperature), *case)
+    got = _grads(lambda h, w, ids: hidden_token_logprobs(h, w, ids, temperature=temperature, chunk=chunk), *case)
+    for name, a, b in zip(("logprobs", "entropy", "d hidden", "d weight"), got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=name)
+    assert got[0][:, 0].eq(0).all() and got[1][:, 0].eq(0).all()  # position 0 has no prediction
+
+
+def test_gradcheck():
+    h, w, ids, _ = _case(torch.float64, bsz=2, seqlen=4, width=5, vocab=7)
+    fn = lambda h, w: hidden_token_logprobs(h, w, ids, False, temperature=0.9, chunk=3)[0]  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (h, w))
+
+
+def test_frozen_head_gets_no_gradient():
+    h, w, ids, up = _case(torch.float32)
+    w.requires_grad_(False)
+    logp, _ = hidden_token_logprobs(h, w, ids, chunk=5)
+    (logp * up).sum().backward()
+    assert w.grad is None and h.grad is not None and h.grad.abs().sum() > 0
+
+
+def test_bf16_autocast_matches_the_model_head_under_autocast():
+    """Under autocast the head matmul runs in bfloat16, as the model's own lm_head would: same values as the
+    unchunked path on bf16 logits, softmax math in float32."""
+    h, w, ids, up = _case(torch.float32, vocab=300)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = _grads(_unchunked(1.0), h, w, ids, up)
+        got = _grads(lambda h, w, ids: hidden_token_logprobs(h, w, ids, chunk=5), h, w, ids, up)
+    assert got[0].dtype == torch.float32
+    for name, a, b in zip(("logprobs", "entropy", "d hidden", "d weight"), got, ref):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2, msg=name)
+
+
+def test_chunk_size_bounds_temporaries():
+    assert chunk_tokens_for(151936) == (1 << 24) // 151936
+    assert chunk_tokens_for(10**9) == 16
+
+
+def test_policy_hook_on_a_lora_model_equals_its_full_logits():
+    """The learner's path (head made the identity, chunked head on the hidden states) on a real PEFT-wrapped Qwen2
+    gives the model's own full-logits log-probs, and the same LoRA gradients."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from agentrl_ray.learner.policy import hidden_states_out, model_head
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = get_peft_model(Qwen2ForCausalLM(cfg), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.1)  # a nonzero adapter, so that its effect is checked
+    ids, mask = torch.randint(0, 97, (3, 11)), torch.ones(3, 11, dtype=torch.long)
+    head = model_head(model)
+    assert head is not None and not head.weight.requires_grad
+
+    def run(chunked):
+        if chunked:
+            with hidden_states_out(head):
+                hidden = model(input_ids=ids, attention_mask=mask).logits
+            out = hidden_token_logprobs(hidden, head.weight, ids, chunk=4)
+        else:
+            out = token_logprobs_and_entropy(model(input_ids=ids, attention_mask=mask).logits, ids)
+        out[0].sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad()
+        return out, grads
+
+    (lp_a, ent_a), grads_a = run(True)
+    (lp_b, ent_b), grads_b = run(False)
+    assert head.forward.__func__ is torch.nn.Linear.forward  # the identity is gone after the call
+    torch.testing.assert_close(lp_a, lp_b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent_a, ent_b, rtol=1e-5, atol=1e-5)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) == 8
+    for n in grads_a:
+        torch.testing.assert_close(grads_a[n], grads_b[n], rtol=1e-4, atol=1e-5, msg=n)
