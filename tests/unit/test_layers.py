@@ -19,6 +19,7 @@ LAYERS = {
     "threads": 0,
     "chat_format": 0,
     "algorithms": 0,
+    "chunked_logprobs": 0,
     "data": 0,
     "tasks": 0,
     "outputs": 0,
