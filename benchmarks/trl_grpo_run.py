@@ -58,7 +58,13 @@ def parse_args() -> argparse.Namespace:
         help="TRL's generation backend (only `transformers` and `continuous_batching` run on this CPU machine)",
     )
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (TRL's default; ours: learner.bf16)")
-    p.add_argument("--model-size", choices=["tiny", "small"], default="tiny", help="the built-in model to train")
+    p.add_argument(
+        "--model-size",
+        choices=["tiny", "small", "qwen05b"],
+        default="tiny",
+        help="the built-in model to train, or qwen05b: benchmarks/qwen05b_shape.py (Qwen2.5-0.5B's shape, random)",
+    )
+    p.add_argument("--lora", action="store_true", help="PEFT LoRA with our learner.lora defaults (r, alpha, targets)")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args()
 
@@ -203,6 +209,15 @@ def build_trainer(args: argparse.Namespace, model_path: Path, clock):
         dataloader_num_workers=0,
         **GENERATION[args.generation],
     )
+    if args.lora:
+        from peft import LoraConfig
+
+        from agentrl_ray.config import LoraConfig as OurLora
+
+        ours = OurLora()
+        extra["peft_config"] = LoraConfig(
+            r=ours.r, lora_alpha=ours.alpha, lora_dropout=ours.dropout, target_modules=ours.target_modules
+        )
     trainer = timed_trainer_class()(
         model=model,
         reward_funcs=[reward],
@@ -239,7 +254,13 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "steps.jsonl").unlink(missing_ok=True)
     clock = step_clock(args.out / "steps.jsonl")
-    trainer, tokenizer, rows = build_trainer(args, ensure_builtin_model(size=args.model_size), clock)
+    if args.model_size == "qwen05b":
+        from qwen05b_shape import ensure_qwen05b_shape
+
+        model_path = ensure_qwen05b_shape()
+    else:
+        model_path = ensure_builtin_model(size=args.model_size)
+    trainer, tokenizer, rows = build_trainer(args, model_path, clock)
     same_prompt = prompt_ids_match_ours(trainer, tokenizer, rows, args.task)
     trainer.train()
     trainer.save_model(str(args.out / "model"))

@@ -53,7 +53,8 @@ class Settings:
     micro_batch: int = 32
     seed: int = 0
     threads: int = 0  # torch threads on both sides (0 = every core: our default, and torch's)
-    model: str = "tiny"  # the built-in model both sides train: tiny (0.44M) or small (~25M)
+    model: str = "tiny"  # what both sides train: built-in tiny (0.44M) or small (~25M), or qwen05b (0.5B shape)
+    lora: int = 0  # 1: LoRA on both sides (our learner.lora defaults; TRL a PEFT LoraConfig of the same values)
     staleness: int = 1  # ours: sync.max_staleness (1 = roll out step t+1 while training on step t, our default)
     bf16: int = 0  # 1: bfloat16 math on both sides (TRL bf16=True; ours model.dtype=bfloat16 learner.bf16=true)
     repeats: int = 2
@@ -70,15 +71,25 @@ def prompt_lengths(s: Settings) -> list[int]:
     from transformers import AutoTokenizer
     from trl_grpo_run import step_rows
 
-    from agentrl_ray.builtin_model import calculator_tools, ensure_builtin_model
+    from agentrl_ray.builtin_model import calculator_tools
 
-    tok = AutoTokenizer.from_pretrained(ensure_builtin_model(size=s.model))
+    tok = AutoTokenizer.from_pretrained(model_path(s))
     tools = calculator_tools()
     rows = step_rows(s.steps, s.prompts, s.seed)
     return [
         len(tok.apply_chat_template(r["prompt"], tools=tools, add_generation_prompt=True, return_dict=False))
         for r in rows
     ]
+
+
+def model_path(s: Settings) -> Path:
+    if s.model == "qwen05b":
+        from qwen05b_shape import ensure_qwen05b_shape
+
+        return ensure_qwen05b_shape()
+    from agentrl_ray.builtin_model import ensure_builtin_model
+
+    return ensure_builtin_model(size=s.model)
 
 
 def run_trl(s: Settings, task: str, rep: int) -> dict:
@@ -89,7 +100,7 @@ def run_trl(s: Settings, task: str, rep: int) -> dict:
     cmd += ["--steps", str(s.steps), "--prompts", str(s.prompts), "--group", str(s.group), "--lr", str(s.lr)]
     cmd += ["--max-completion", str(s.max_completion), "--max-turns", str(s.max_turns if task == "tool" else 1)]
     cmd += ["--micro-batch", str(s.micro_batch), "--seed", str(s.seed), "--threads", str(s.threads)]
-    cmd += ["--model-size", s.model] + (["--bf16"] if s.bf16 else [])
+    cmd += ["--model-size", s.model] + (["--bf16"] if s.bf16 else []) + (["--lora"] if s.lora else [])
     trace = run_watched(cmd, out / "steps.jsonl", out / "log.txt", ROOT)
     res = json.loads((out / "result.json").read_text())
     ends, rollouts = res["step_ends"], res["rollouts"]
@@ -125,7 +136,10 @@ def run_ours(s: Settings, task: str, rep: int, prompt_lens: list[int]) -> dict:
         f"learner.micro_batch_size={s.micro_batch}",
         f"learner.torch_threads={s.threads}",
         f"rollout.num_threads={s.threads}",
-        f"model.path=builtin:{s.model}",
+        f"model.path={model_path(s) if s.model == 'qwen05b' else 'builtin:' + s.model}",
+        f"learner.lora.enabled={'true' if s.lora else 'false'}",
+        # A random 0.5B model's held-out evaluation means nothing and costs minutes: one prompt.
+        *(["data.eval_size=1", "run.eval_samples=1"] if s.eval_prompts == 0 else []),
         f"sync.max_staleness={s.staleness}",
         f"learner.bf16={'true' if s.bf16 else 'false'}",
         f"model.dtype={'bfloat16' if s.bf16 else 'float32'}",
@@ -404,7 +418,7 @@ def measure(s: Settings, task: str, rep: int, side: str, prompt_lens: list[int])
             print(f"  failed ({e}); retrying once", flush=True)
     raw["attempts"] = attempt
     steady, raw["cpu_s_per_step_by_process"] = steady_state(raw, s)
-    metrics = {**steady, **evaluate(raw["model"], task, s)}
+    metrics = {**steady, **(evaluate(raw["model"], task, s) if s.eval_prompts else {})}
     print(f"  {json.dumps({k: round(v, 3) for k, v in metrics.items() if v is not None})}", flush=True)
     print(f"  CPU s/step: {json.dumps({k: round(v, 3) for k, v in raw['cpu_s_per_step_by_process'].items()})}")
     return {"task": task, "repeat": rep, "side": side, "metrics": metrics, "raw": raw}

@@ -1,0 +1,106 @@
+"""Prefill and decode of our rollout engine (vLLM CPU through `rollout.engine.VLLMEngine`), timed apart, at a shape.
+
+    export AGENTRL_CACHE=$PWD/.cache/agentrl_ray
+    python benchmarks/generation_phases.py --model qwen05b --prompts 8 --group 8 --decode 32 \
+        --out benchmarks/results/generation_phases_05b.json
+
+`prompts` distinct prompts of `--prompt-len` tokens (ids of the built-in tokenizer), each sampled `group` times at
+temperature 1 with the learner's seeding, lengths forced (`ignore_eos`). Prefill = `generate(max_tokens=1)` with the
+prefix cache emptied first (so each distinct prompt is computed once, the group's copies share it, as in a real
+step); decode = `generate(max_tokens=1 + decode)` minus that prefill, per decode iteration. Per-iteration times at
+a few hundred tokens of context are dominated by the weights and the MLP, so `--decode 32` extrapolates to 256
+tokens by x 256/32 (stated as such in docs/benchmarks.md); the attention share is computed in the roofline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="qwen05b", help="qwen05b (benchmarks/qwen05b_shape.py) or an HF folder")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=60)
+    p.add_argument("--decode", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--out", type=Path)
+    a = p.parse_args()
+    from agentrl_ray.rollout.engine import vllm_env
+
+    os.environ.update(vllm_env(kv_cache_gib=2, use_gpu=False))
+    os.environ["OMP_NUM_THREADS"] = str(a.threads)
+    import torch
+
+    torch.set_num_threads(a.threads)
+    if a.model == "qwen05b":
+        from qwen05b_shape import ensure_qwen05b_shape
+
+        a.model = str(ensure_qwen05b_shape())
+    from agentrl_ray.rollout.engine import VLLMEngine
+
+    t0 = time.perf_counter()
+    engine = VLLMEngine(
+        a.model,
+        dtype=a.dtype,
+        seed=0,
+        max_model_len=a.prompt_len + a.decode + 8,
+        max_num_seqs=a.prompts * a.group,
+        enforce_eager=True,
+        gpu_memory_utilization=0.9,
+        use_gpu=False,
+    )
+    load_s = time.perf_counter() - t0
+    rng = random.Random(0)
+    distinct = [[rng.randrange(10, 370) for _ in range(a.prompt_len)] for _ in range(a.prompts)]
+    prompts = [q for q in distinct for _ in range(a.group)]
+    n = len(prompts)
+
+    def run(max_tokens: int) -> float:
+        engine.llm.reset_prefix_cache()
+        t = time.perf_counter()
+        gens = engine.generate(prompts, [max_tokens] * n, temperature=1.0, top_p=1.0, stop_token_ids=[],
+                               seeds=list(range(n)), ignore_eos=True)  # fmt: skip
+        assert all(len(g.token_ids) == max_tokens for g in gens)
+        return time.perf_counter() - t
+
+    run(2)  # warm-up
+    prefill = min(run(1) for _ in range(2))
+    total = min(run(1 + a.decode) for _ in range(2))
+    decode_iter = (total - prefill) / a.decode
+    out = {
+        "model": a.model,
+        "threads": a.threads,
+        "dtype": a.dtype,
+        "sequences": n,
+        "distinct_prompts": a.prompts,
+        "prompt_len": a.prompt_len,
+        "load_s": load_s,
+        "prefill_s": prefill,
+        # Prefix caching shares a group's prompt only once its blocks are computed: between these two counts.
+        "prefill_tokens_at_least": a.prompts * a.prompt_len,
+        "prefill_tokens_at_most": n * a.prompt_len,
+        "decode_iterations": a.decode,
+        "decode_s_per_iteration": decode_iter,
+        "decode_tokens_per_s": n / decode_iter,
+        "extrapolated_256_decode_s": 256 * decode_iter,
+    }
+    print(json.dumps(out, indent=2))
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
