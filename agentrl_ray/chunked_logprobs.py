@@ -36,42 +36,51 @@ class _HiddenTokenLogProb(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, temperature, chunk, compute_dtype, with_entropy):
         n = hidden.shape[0]
         acc = torch.promote_types(hidden.dtype, torch.float32)  # float32 (float64 stays float64: gradcheck)
-        w = weight.to(compute_dtype)  # (V, H): one cast per call, not per chunk
+        w = weight.to(compute_dtype)  # (V, H): cast once per call (kept for backward), not per chunk
         out = torch.empty(n, dtype=acc, device=hidden.device)  # (N,)
         lse = torch.empty_like(out)
         entropy = torch.zeros_like(out) if with_entropy else out.new_zeros(0)
         for t0 in range(0, n, chunk):
             t1 = min(n, t0 + chunk)
-            z = (hidden[t0:t1].to(compute_dtype) @ w.T).to(acc) / temperature  # (t, V)
+            z = _scaled_logits(hidden[t0:t1], w, acc, temperature)  # (t, V)
             lse[t0:t1] = torch.logsumexp(z, dim=-1)
             out[t0:t1] = z.gather(-1, targets[t0:t1, None]).squeeze(-1) - lse[t0:t1]
-            if with_entropy:  # H = lse - sum(p * z)
-                entropy[t0:t1] = lse[t0:t1] - (torch.softmax(z, dim=-1) * z).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.chunk, ctx.compute_dtype = temperature, chunk, compute_dtype
+            if with_entropy:  # H = lse - sum(p * z), p = exp(z - lse); in place: one (t, V) temporary
+                entropy[t0:t1] = lse[t0:t1] - (z - lse[t0:t1, None]).exp_().mul_(z).sum(-1)
+        ctx.save_for_backward(hidden, w, targets, lse)
+        ctx.temperature, ctx.chunk, ctx.weight_dtype = temperature, chunk, weight.dtype
         ctx.mark_non_differentiable(entropy)
         return out, entropy
 
     @staticmethod
     def backward(ctx, grad_out, _grad_entropy):  # (N,)
-        hidden, weight, targets, lse = ctx.saved_tensors
-        temperature, cd = ctx.temperature, ctx.compute_dtype
+        hidden, w, targets, lse = ctx.saved_tensors
+        temperature = ctx.temperature
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        w = weight.to(cd)
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
+        grad_w = torch.zeros(w.shape, dtype=lse.dtype, device=w.device) if need_w else None
         for t0 in range(0, hidden.shape[0], ctx.chunk):
             t1 = min(hidden.shape[0], t0 + ctx.chunk)
-            h = hidden[t0:t1].to(cd)  # (t, H)
-            z = (h @ w.T).to(lse.dtype) / temperature  # (t, V)
+            h = hidden[t0:t1].to(w.dtype)  # (t, H)
             g = grad_out[t0:t1, None].to(lse.dtype)  # (t, 1)
-            # d logp(y) / dz = onehot(y) - softmax(z), and z = logits / temperature
-            dz = (-torch.exp(z - lse[t0:t1, None]) * g).scatter_add_(-1, targets[t0:t1, None], g) / temperature
+            # d logp(y) / dz = onehot(y) - softmax(z), and z = logits / temperature; in place on the recomputed z
+            dz = _scaled_logits(h, w, lse.dtype, temperature).sub_(lse[t0:t1, None]).exp_().mul_(-g)
+            dz.scatter_add_(-1, targets[t0:t1, None], g)
+            if temperature != 1.0:
+                dz.div_(temperature)
+            dz = dz.to(w.dtype)
             if need_h:
-                grad_h[t0:t1] = (dz.to(cd) @ w).to(hidden.dtype)
+                grad_h[t0:t1] = (dz @ w).to(hidden.dtype)
             if need_w:  # the head is trained (full fine-tuning): accumulate in float32 whatever the compute dtype
-                grad_w += (dz.to(cd).T @ h).to(grad_w.dtype)
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None, None
+                grad_w += (dz.T @ h).to(grad_w.dtype)
+        return grad_h, (grad_w.to(ctx.weight_dtype) if need_w else None), None, None, None, None, None
+
+
+def _scaled_logits(hidden: Tensor, w: Tensor, acc: torch.dtype, temperature: float) -> Tensor:
+    """(t, V) logits / temperature in the accumulation dtype; the matmul in w's dtype (a fresh tensor: may be
+    modified in place)."""
+    z = torch.nn.functional.linear(hidden.to(w.dtype), w).to(acc)
+    return z.div_(temperature) if temperature != 1.0 else z
 
 
 def hidden_token_logprobs(

@@ -83,6 +83,7 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int) -> dic
     tokens = samples * seq
     return {
         "variant": variant,
+        "load_average_1min": __import__("os").getloadavg()[0],  # other work on the shared machine
         "samples": samples,
         "seq": seq,
         "tokens": tokens,

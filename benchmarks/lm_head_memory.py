@@ -10,7 +10,8 @@ bfloat16 autocast):
   (already float32 math in chunks of positions, no float32 copy kept for backward): what the learner did before
   `learner.chunked_logprobs`;
 - `full_fp32`: the same with float32 logits (no autocast): what a float32 learner does;
-- `chunked`: `chunked_logprobs.hidden_token_logprobs` (logits of ~110 tokens at a time, recomputed in backward).
+- `chunked`: `chunked_logprobs.hidden_token_logprobs` (logits of ~110 tokens at a time, recomputed in backward);
+- `chunked_big`: the same with 4x larger chunks (~441 tokens, 2^26 logits).
 Each variant runs in its own subprocess; peak memory is that process's peak RSS (ru_maxrss) less its RSS after the
 inputs were built. Time is the best of `--repeats` forward+backward passes.
 """
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("full", "full_fp32", "chunked")
+VARIANTS = ("full", "full_fp32", "chunked", "chunked_big")
 
 
 def rss_mib() -> float:
@@ -35,10 +36,12 @@ def rss_mib() -> float:
 
 
 def one(variant: str, tokens: int, hidden: int, vocab: int, threads: int, repeats: int) -> dict:
+    import os
+
     import torch
 
     from agentrl_ray.algorithms import token_logprobs_and_entropy
-    from agentrl_ray.chunked_logprobs import hidden_token_logprobs
+    from agentrl_ray.chunked_logprobs import chunk_tokens_for, hidden_token_logprobs
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -50,8 +53,9 @@ def one(variant: str, tokens: int, hidden: int, vocab: int, threads: int, repeat
 
     def step():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            if variant == "chunked":
-                logp, ent = hidden_token_logprobs(h, w, ids)
+            if variant.startswith("chunked"):
+                chunk = chunk_tokens_for(vocab, 1 << 26) if variant == "chunked_big" else None
+                logp, ent = hidden_token_logprobs(h, w, ids, chunk=chunk)
             else:
                 logp, ent = token_logprobs_and_entropy(h @ w.T, ids)
         logp.sum().backward()
@@ -65,9 +69,10 @@ def one(variant: str, tokens: int, hidden: int, vocab: int, threads: int, repeat
         times.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     head_flops = 2 * tokens * hidden * vocab  # one (N, H) x (H, V) matmul
-    passes = 3 if variant == "chunked" else 2  # forward, grad of hidden; chunked recomputes the logits in backward
+    passes = 3 if variant.startswith("chunked") else 2  # chunked recomputes the logits in backward
     return {
         "variant": variant,
+        "load_average_1min": os.getloadavg()[0],  # other work on the shared machine
         "tokens": tokens,
         "hidden": hidden,
         "vocab": vocab,
