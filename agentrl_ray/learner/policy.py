@@ -51,6 +51,10 @@ class Policy:
         self._zero3_init = zero.partitioned_init(self.ds_config) if self.partitioned else None
         # Master weights stay float32 on CPU; on GPU DeepSpeed's bf16 mode keeps fp32 masters itself.
         load_dtype = torch.float32 if not cfg.use_gpu else getattr(torch, model_cfg.dtype)
+        if cfg.lora.enabled and cfg.bf16 and self.ds_config is None:
+            # The frozen base needs no float32 master copy: bf16 halves its memory and spares autocast's per-call
+            # casts of every weight (PEFT keeps the adapter, the only trained part, in float32).
+            load_dtype = torch.bfloat16
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype)
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(model)
