@@ -111,3 +111,29 @@ def test_policy_hook_on_a_lora_model_equals_its_full_logits():
     assert grads_a.keys() == grads_b.keys() and len(grads_a) == 8
     for n in grads_a:
         torch.testing.assert_close(grads_a[n], grads_b[n], rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_lora_on_a_bf16_base_trains_a_float32_adapter():
+    """The learner loads a LoRA run's frozen base in bfloat16 (learner.bf16): PEFT must keep the trained adapter in
+    float32, and the chunked path must give it float32 gradients."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from agentrl_ray.learner.policy import hidden_states_out, model_head
+
+    cfg = Qwen2Config(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = get_peft_model(Qwen2ForCausalLM(cfg).to(torch.bfloat16), LoraConfig(r=4, target_modules=["q_proj"]))
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert trained and all(p.dtype == torch.float32 for p in trained)
+    ids = torch.randint(0, 97, (2, 7))
+    head = model_head(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16), hidden_states_out(head):
+        hidden = model(input_ids=ids).logits
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, _ = hidden_token_logprobs(hidden, head.weight, ids)
+    logp.sum().backward()
+    assert logp.dtype == torch.float32 and torch.isfinite(logp).all()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in trained)
