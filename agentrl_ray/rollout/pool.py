@@ -45,7 +45,9 @@ class RolloutPool:
         env_opts = placed.env_options() if placed else [{"num_cpus": cfg.env.num_cpus_per_actor}] * cfg.env.num_actors
         engine_opts = placed.engine_options() if placed else [{"num_cpus": r.num_cpus_per_worker}] * r.num_workers
         env_hosts = [
-            ray.remote(EnvHost).options(max_concurrency=1000, **o).remote(tool_timeout_s=cfg.env.tool_timeout_s)
+            ray.remote(EnvHost)
+            .options(max_concurrency=1000, **o)
+            .remote(tool_timeout_s=cfg.env.tool_timeout_s, isolation=cfg.env.isolation)
             for o in env_opts
         ]
         runtime_env = {"env_vars": vllm_env(kv_cache_gib=r.kv_cache_gib, use_gpu=threads.engines_on_gpu)}
