@@ -138,6 +138,8 @@ class RewardConfig:
     """Built-in names (answer_match, format, tool_success, efficiency, env_reward) or import paths pkg.mod:function."""
     weights: list[float] = field(default_factory=lambda: [1.0])
     """One weight per reward function; the reward is their weighted sum."""
+    max_failing_steps: int = 3
+    """Stop the run when one reward function fails on every sample of this many steps in a row."""
 
 
 @dataclass
@@ -602,6 +604,7 @@ def validate(cfg: Config) -> None:
         f"{len(cfg.reward.weights)}: give one weight per function",
     )
     need(bool(cfg.reward.functions) or e.only, "reward.functions is empty: nothing to train on")
+    need(cfg.reward.max_failing_steps >= 1, "reward.max_failing_steps must be at least 1")
     need(0 <= a.epsilon < 1 and 0 <= a.epsilon_high, "algorithm.epsilon must be in [0, 1), epsilon_high >= 0")
     need(a.num_iterations >= 1, "algorithm.num_iterations must be at least 1")
     need(a.beta >= 0, "algorithm.beta must be >= 0")
