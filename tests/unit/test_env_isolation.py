@@ -295,3 +295,68 @@ def test_a_hung_call_kills_its_process_and_the_host_stays_bounded(level):
 
 def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
+
+
+class Litterbug:
+    def reset(self, **row):
+        return None
+
+    def litter(self) -> str:
+        """Leave files, shared memory, SysV IPC objects and a background process behind; fill the disk.
+
+        Returns what it saw, as JSON.
+        """
+        import json
+        import subprocess
+
+        for d in ("/tmp", "/var/tmp", "/dev/shm"):
+            for i in range(20):
+                with open(f"{d}/litter-{os.getpid()}-{i}", "w") as f:
+                    f.write("x" * 1000)
+        made = [subprocess.run(["ipcmk", flag], capture_output=True).returncode for flag in ("-M 4096", "-Q", "-S 1")]
+        subprocess.Popen(["sleep", "600"], start_new_session=True)
+        written = 0
+        try:
+            with open("/tmp/fill", "wb") as f:
+                for _ in range(200):  # 200 MB, far over the tmpfs
+                    f.write(b"\0" * (1 << 20))
+                    written += 1
+        except OSError as e:
+            error = e.strerror
+        return json.dumps({"uid": os.getuid(), "ipcmk": made, "filled_mb": written, "error": error})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="env.isolation=sandbox runs only as root (a uid per trajectory)")
+def test_a_sandboxed_environment_leaves_nothing_of_its_uid_behind_and_stays_in_its_disk_bound():
+    import json
+    import subprocess
+
+    from agentrl_ray.envs.sandbox import SandboxLimits
+    from agentrl_ray.envs.sandbox_uids import live_pids
+
+    async def main():
+        host = EnvHost(tool_timeout_s=20.0, isolation="sandbox", sandbox=SandboxLimits(disk_mb=16))
+        seen = []
+        for k in ("a", "b"):  # twice: the second trajectory may get the same uid back
+            await host.create(k, f"{__name__}:Litterbug", {}, {})
+            seen.append(json.loads((await host.call_tools(k, [ToolCall("litter", {})], []))[0].text))
+            await host.close(k)
+        return seen
+
+    for seen in asyncio.run(main()):
+        uid = seen["uid"]
+        assert uid >= 2_000_000_000 and seen["ipcmk"] == [0, 0, 0]
+        assert seen["error"] == "No space left on device" and seen["filled_mb"] < 16
+        assert live_pids(uid) == []
+        for d in ("/tmp", "/var/tmp", "/dev/shm"):
+            owned = [p for p in os.listdir(d) if _owner(os.path.join(d, p)) == uid]
+            assert owned == [], (d, owned)
+        ipcs = subprocess.run(["ipcs", "-a", "-c"], capture_output=True, text=True).stdout
+        assert str(uid) not in ipcs
+
+
+def _owner(path: str) -> int | None:
+    try:
+        return os.lstat(path).st_uid
+    except FileNotFoundError:
+        return None
