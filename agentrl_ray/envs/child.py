@@ -101,13 +101,12 @@ def call_frame(method: str, args: tuple, kwargs: dict[str, Any], text: bool) -> 
 # ---------------------------------------------------------------- the child
 
 
-def serve(sock: socket.socket, spec: ChildSpec) -> None:
-    """Build the environment, answer the hello, then serve calls until the host closes the socket."""
-    from agentrl_ray.envs.base import env_class
-
+def serve(sock: socket.socket, spec: ChildSpec, cls: type) -> None:
+    """Build the environment (`cls`, the class `spec` names), answer the hello, then serve calls until the host
+    closes the socket."""
     env = None
     try:
-        env = env_class(spec.env_path, tuple(spec.tools))(**spec.env_kwargs)
+        env = cls(**spec.env_kwargs)
         hello = _encode(["ok", None, False])
     except BaseException as e:  # noqa: BLE001 - whatever it is, it is this trajectory's error, reported
         hello = _error(e, spec.max_output_chars)

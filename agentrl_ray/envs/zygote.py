@@ -33,7 +33,8 @@ _MAX_REQUEST = 1 << 24  # a spec holds env.kwargs and nothing per row; 16 MiB is
 def main(argv: list[str]) -> None:
     control = socket.socket(fileno=int(argv[0]))
     # Everything a child needs is imported here, before a sandboxed child drops to a uid that may not read the venv.
-    for module in ("agentrl_ray.envs.base", "agentrl_ray.envs.child", "agentrl_ray.envs.confine", *argv[1:]):
+    preload = ("agentrl_ray.envs.base", "agentrl_ray.envs.child", "agentrl_ray.envs.confine", "cloudpickle")
+    for module in (*preload, *argv[1:]):
         try:
             importlib.import_module(module)  # shared copy-on-write by every child; a failure shows in the child
         except Exception:  # noqa: BLE001
@@ -79,13 +80,17 @@ def _fork_child(fd: int, spec, control: socket.socket, sibling_pidfds: list[int]
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.setsid()  # its own process group: the host kills what it forked with it
         sock = socket.socket(fileno=fd)
+        from agentrl_ray.envs.base import env_class
         from agentrl_ray.envs.child import serve
 
+        # The class (imports, unpickling env.tools given by value) is loaded before the confinement, which may lose
+        # read access to the venv; the host loaded the same class already, so this does not fail for a valid config.
+        cls = env_class(spec.env_path, tuple(spec.tools))
         if spec.confinement is not None:
             from agentrl_ray.envs.confine import confine
 
             confine(spec.confinement, keep_fd=fd)
-        serve(sock, spec)
+        serve(sock, spec, cls)
     except BaseException:  # noqa: BLE001 - the host sees the exit code and reports the environment as failed
         code = 70
     os._exit(code)  # never return into the zygote's loop (nor run its atexit handlers)
