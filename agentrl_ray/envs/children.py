@@ -121,6 +121,7 @@ class _Child:
                 await self.writer.drain()
                 status, value, flag = await read_reply(self.reader)
             except asyncio.CancelledError:  # the host's timeout (or its caller gave up): the call cannot be stopped
+                self.owner.counts["children_killed"] += self.gone is None
                 await asyncio.shield(self.kill(f"killed: {method} ran past its deadline"))
                 raise
             except (EOFError, ConnectionError) as e:
@@ -144,8 +145,6 @@ class _Child:
         """End the child and everything it started; idempotent."""
         if self.gone is None:
             self.gone = why
-            if why.startswith("killed"):
-                self.owner.counts["children_killed"] += 1
         if self.pidfd is None:
             return
         for kill in (lambda: signal.pidfd_send_signal(self.pidfd, signal.SIGKILL), lambda: os.killpg(self.pid, 9)):
