@@ -11,6 +11,7 @@ segfault, the OOM killer) fails its trajectory's next call with how it died.
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import inspect
 import itertools
@@ -39,6 +40,10 @@ _EXIT_REPORT_WAIT_S = 1.0  # how long a dead child's exit status may take to arr
 
 class EnvError(Exception):
     """An environment failed (raised, timed out, died); its message is the whole observation."""
+
+
+class EnvSetupError(Exception):
+    """The config cannot work at this isolation level (every trajectory would fail): raised, not observed."""
 
 
 class Children:
@@ -237,6 +242,12 @@ class _Zygote:
             except BlockingIOError:
                 await asyncio.sleep(0.001)
             except OSError as e:
+                if e.errno == errno.EMSGSIZE:  # one message per datagram: the spec is bounded by the socket buffer
+                    self.pending.pop(request)
+                    raise EnvSetupError(
+                        f"env.kwargs are too large to pass to the environment's process ({len(message)} "
+                        "bytes pickled): pass a path to the data instead"
+                    ) from None
                 self._lost(f"the zygote is gone: {e}")
                 raise EnvError(f"could not start the environment's process: {e}") from None
         return await future

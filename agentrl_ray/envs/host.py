@@ -28,7 +28,7 @@ from typing import Any
 from agentrl_ray.chat_format import ToolCall
 from agentrl_ray.envs.base import coerce_arguments, env_class, tool_methods
 from agentrl_ray.envs.child import describe
-from agentrl_ray.envs.isolation import EnvError, Isolation, Level
+from agentrl_ray.envs.isolation import EnvError, EnvSetupError, Isolation, Level
 from agentrl_ray.envs.sandbox import SandboxLimits
 
 logger = logging.getLogger(__name__)
@@ -98,6 +98,8 @@ class EnvHost:
             text = await self._run(env.reset, row)
             if text is not None and not isinstance(text, str):
                 raise TypeError(f"{cls.__name__}.reset() must return str or None, got {type(text).__name__}")
+        except EnvSetupError:
+            raise
         except Exception as e:
             why = f"timed out after {self.tool_timeout_s:g} s" if isinstance(e, TimeoutError) else _detail(e)
             self._counts["start_errors"] += 1

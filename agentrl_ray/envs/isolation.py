@@ -26,13 +26,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from agentrl_ray.envs.child import as_text, describe
-from agentrl_ray.envs.children import ChildEnv, Children, EnvError
+from agentrl_ray.envs.children import ChildEnv, Children, EnvError, EnvSetupError
 from agentrl_ray.envs.sandbox import SandboxLimits
 
 Level = Literal["thread", "process", "sandbox"]
 LEVELS = ("thread", "process", "sandbox")
 
-__all__ = ["LEVELS", "EnvError", "Isolation", "Level"]
+__all__ = ["LEVELS", "EnvError", "EnvSetupError", "Isolation", "Level"]
 
 
 class Isolation:

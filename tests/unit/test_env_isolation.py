@@ -360,3 +360,19 @@ def _owner(path: str) -> int | None:
         return os.lstat(path).st_uid
     except FileNotFoundError:
         return None
+
+
+def test_env_kwargs_too_large_for_a_child_are_the_configs_error_not_a_trajectorys():
+    from agentrl_ray.envs.isolation import EnvSetupError
+
+    async def main():
+        host = EnvHost(isolation="process")
+        with pytest.raises(EnvSetupError, match=r"env.kwargs are too large .* pass a path to the data instead"):
+            await host.create("a", HOSTILE, {"on": "x" * 1_000_000}, {})
+        await host.create("b", HOSTILE, {}, {})  # the zygote still serves
+        out = await host.call_tools("b", [ToolCall("act", {"n": 1})], [])
+        await host.close("b")
+        return out, host.stats()
+
+    out, stats = asyncio.run(main())
+    assert out[0].text == "ok 1" and stats["open"] == 0 and stats["children_alive"] == 0
