@@ -123,9 +123,10 @@ class EnvConfig:
     """Ray CPUs reserved per env host."""
     tool_timeout_s: float = 10.0
     """Seconds a tool call, step, reset, reward or constructor may take before it becomes the trajectory's error."""
-    isolation: Literal["thread", "process", "sandbox"] = "process"
+    isolation: Literal["auto", "thread", "process", "sandbox"] = "auto"
     """Where each trajectory's environment runs: host threads, its own child process (killed on timeout or crash),
-    or that child under the sandbox's limits (own uid, no network, private /tmp; root only). docs/reliability.md."""
+    that child sandboxed (own uid, no network, private /tmp; root only), or auto: thread for agentrl_ray.envs.*,
+    process for any other environment. Costs and why: docs/reliability.md."""
     resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources every env host asks for (pins env hosts to labelled nodes)."""
 
@@ -589,8 +590,8 @@ def validate(cfg: Config) -> None:
     need(cfg.env.num_actors >= 0, "env.num_actors must be >= 0 (0 = one env host per engine)")
     need(cfg.env.tool_timeout_s > 0, "env.tool_timeout_s must be > 0")
     need(
-        cfg.env.isolation in ("thread", "process", "sandbox"),
-        f"env.isolation must be thread, process or sandbox, got {cfg.env.isolation!r}",
+        cfg.env.isolation in ("auto", "thread", "process", "sandbox"),
+        f"env.isolation must be auto, thread, process or sandbox, got {cfg.env.isolation!r}",
     )
     need(
         ":" in cfg.env.name or (cfg.env.name == "" and bool(cfg.env.tools)),

@@ -9,6 +9,9 @@
 - `process`: each trajectory's environment lives in its own child process, forked from a zygote that imported the
   environment's module (`children.py`). A call past its deadline kills the child; a child that exits or crashes
   costs only its trajectory. Values cross as JSON, tool text cut to `max_output_chars` in the child.
+- `auto` (the default): `thread` for this package's own environments (`agentrl_ray.envs.*`: pure Python, known
+  not to exit or crash; `CodeExecutionEnv` sandboxes the code it runs itself), `process` for any other (a user's
+  environment, or ours with `env.tools` added). Why, with the measured cost of each level: docs/reliability.md.
 - `sandbox`: `process` plus the sandbox's layers on the child (`confine.py`): its own uid, cgroup, no network,
   private /tmp, /var/tmp and /dev/shm, its own SysV IPC, rlimits. Root only; elsewhere refused at start.
 
@@ -29,8 +32,9 @@ from agentrl_ray.envs.child import as_text, describe
 from agentrl_ray.envs.children import ChildEnv, Children, EnvError, EnvSetupError
 from agentrl_ray.envs.sandbox import SandboxLimits
 
-Level = Literal["thread", "process", "sandbox"]
-LEVELS = ("thread", "process", "sandbox")
+Level = Literal["auto", "thread", "process", "sandbox"]
+LEVELS = ("auto", "thread", "process", "sandbox")
+BUILTIN_ENVS = "agentrl_ray.envs."  # `auto` runs these at `thread`: ours, pure Python, cheap (docs/reliability.md)
 
 __all__ = ["LEVELS", "EnvError", "EnvSetupError", "Isolation", "Level"]
 
@@ -54,9 +58,16 @@ class Isolation:
 
     async def construct(self, cls: type, env_path: str, tools: tuple[str, ...], kwargs: dict, timeout: float) -> Any:
         """One trajectory's environment: the object itself (`thread`) or a proxy of it in a child."""
-        if self.level == "thread":
+        if self.level_for(env_path, tools) == "thread":
             return await self.threads.run(lambda: cls(**kwargs), timeout)
         return await self.children.open(cls, env_path, tools, kwargs, self.max_output_chars, timeout)
+
+    def level_for(self, env_path: str, tools: tuple[str, ...]) -> str:
+        """The level an environment runs at: `auto` is `thread` for the package's own environments (without added
+        tools) and `process` for everything else."""
+        if self.level != "auto":
+            return self.level
+        return "thread" if env_path.startswith(BUILTIN_ENVS) and not tools else "process"
 
     async def run(self, fn: Any, args: tuple, kwargs: dict[str, Any], timeout: float, text: bool = False) -> Any:
         """`fn(*args, **kwargs)` (a method of an environment) under `timeout`; its value as tool text when `text`."""

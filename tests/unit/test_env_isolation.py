@@ -376,3 +376,19 @@ def test_env_kwargs_too_large_for_a_child_are_the_configs_error_not_a_trajectory
 
     out, stats = asyncio.run(main())
     assert out[0].text == "ok 1" and stats["open"] == 0 and stats["children_alive"] == 0
+
+
+def test_auto_runs_the_packages_own_environments_in_threads_and_any_other_in_a_child():
+    async def main():
+        host = EnvHost(isolation="auto")
+        await host.create("ours", "agentrl_ray.envs.calculator:CalculatorEnv", {}, {})
+        ours = host.stats()["children_started"]
+        await host.create("theirs", HOSTILE, {"on": "tool", "how": "os_exit"}, {})
+        out = await host.call_tools("theirs", [ToolCall("act", {"n": 1})], [])
+        await host.close("ours")
+        await host.close("theirs")
+        return ours, out, host.stats()
+
+    ours, out, stats = asyncio.run(main())
+    assert ours == 0 and stats["children_started"] == 1
+    assert "exited with code 3" in out[0].text  # contained: this process is still here to say so
