@@ -157,9 +157,10 @@ class _Child:
                 kill()
             except (ProcessLookupError, PermissionError):
                 pass
-        self.lease.close()  # the sandbox's uid sweep and cgroup kill, then the uid is free again
-        os.close(self.pidfd)
-        self.pidfd = None
+        pidfd, self.pidfd = self.pidfd, None
+        if self.owner.sandbox is not None:  # the uid sweep (a /proc scan) and cgroup kill, then the uid is free
+            await asyncio.to_thread(self.lease.close)
+        os.close(pidfd)
         self.writer.close()
         self.owner.live -= 1
 
