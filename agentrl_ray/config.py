@@ -122,7 +122,11 @@ class EnvConfig:
     num_cpus_per_actor: float = 0.25
     """Ray CPUs reserved per env host."""
     tool_timeout_s: float = 10.0
-    """Seconds a tool call or step may take before it becomes an error observation."""
+    """Seconds a tool call, step, reset, reward or constructor may take before it becomes the trajectory's error."""
+    isolation: Literal["auto", "thread", "process", "sandbox"] = "auto"
+    """Where each trajectory's environment runs: host threads, its own child process (killed on timeout or crash),
+    that child sandboxed (own uid, no network, private /tmp; root only), or auto: thread for agentrl_ray.envs.*,
+    process for any other environment. Costs and why: docs/reliability.md."""
     resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources every env host asks for (pins env hosts to labelled nodes)."""
 
@@ -135,6 +139,8 @@ class RewardConfig:
     """Built-in names (answer_match, format, tool_success, efficiency, env_reward) or import paths pkg.mod:function."""
     weights: list[float] = field(default_factory=lambda: [1.0])
     """One weight per reward function; the reward is their weighted sum."""
+    max_failing_steps: int = 3
+    """Stop the run when one reward function fails on every sample of this many steps in a row."""
 
 
 @dataclass
@@ -610,6 +616,10 @@ def validate(cfg: Config) -> None:
     need(cfg.env.num_actors >= 0, "env.num_actors must be >= 0 (0 = one env host per engine)")
     need(cfg.env.tool_timeout_s > 0, "env.tool_timeout_s must be > 0")
     need(
+        cfg.env.isolation in ("auto", "thread", "process", "sandbox"),
+        f"env.isolation must be auto, thread, process or sandbox, got {cfg.env.isolation!r}",
+    )
+    need(
         ":" in cfg.env.name or (cfg.env.name == "" and bool(cfg.env.tools)),
         f"env.name {cfg.env.name!r} must be an import path 'package.module:Class' (or \"\" with env.tools)",
     )
@@ -621,6 +631,7 @@ def validate(cfg: Config) -> None:
         f"{len(cfg.reward.weights)}: give one weight per function",
     )
     need(bool(cfg.reward.functions) or e.only, "reward.functions is empty: nothing to train on")
+    need(cfg.reward.max_failing_steps >= 1, "reward.max_failing_steps must be at least 1")
     need(0 <= a.epsilon < 1 and 0 <= a.epsilon_high, "algorithm.epsilon must be in [0, 1), epsilon_high >= 0")
     need(a.num_iterations >= 1, "algorithm.num_iterations must be at least 1")
     need(a.beta >= 0, "algorithm.beta must be >= 0")

@@ -1,33 +1,35 @@
 """EnvHost: holds the environment instances of many trajectories; the caller wraps it as a Ray actor.
 
-    host = ray.remote(EnvHost).options(max_concurrency=1000).remote(tool_timeout_s=10.0)
+    host = ray.remote(EnvHost).options(max_concurrency=1000).remote(tool_timeout_s=10.0, isolation="process")
 
-Its methods are `async`, so Ray runs it as an async actor: one event loop serves every trajectory, sync tools run
-in a thread pool and async tools on the loop. The calls of one trajectory run in order (a stateful env sees its
-tool calls as the model wrote them); different trajectories run concurrently.
+Its methods are `async`, so Ray runs it as an async actor: one event loop serves every trajectory. The calls of one
+trajectory run in order (a stateful env sees its tool calls as the model wrote them); different trajectories run
+concurrently.
 
-Threat model: this is not a sandbox. Environments run in this actor's process with its permissions. The timeout
-stops *waiting* for a tool (the trajectory gets an error observation and moves on) but cannot stop a sync tool's
-thread, which keeps running and holds a pool thread until it returns. An environment that runs untrusted code
-must do so in a subprocess it can kill (and, for no network, under `unshare -n`), not in the tool method itself.
+Where environment code runs is `isolation` (`env.isolation`; see `isolation.py` for what each level contains):
+`thread` (objects in this process, sync calls on a bounded thread pool), `process` (a child process per
+trajectory, killed at its deadline) or `sandbox` (that child under the sandbox's limits). Whatever an environment
+does in its constructor, `reset`, a tool, `step`, its reward or `close` - raise any exception, time out, and at
+`process`/`sandbox` also exit or crash - costs only its trajectory: an error observation (a failed start: every
+later call of that trajectory answers with why; a failed reward: NaN, reported by the reward functions) and a
+counter in `stats()`. Every call, the constructor and `reset` included, has the `tool_timeout_s` deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
-import json
 import logging
 import math
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from agentrl_ray.chat_format import ToolCall
 from agentrl_ray.envs.base import coerce_arguments, env_class, tool_methods
+from agentrl_ray.envs.child import describe
+from agentrl_ray.envs.isolation import EnvError, EnvSetupError, Isolation, Level
+from agentrl_ray.envs.sandbox import SandboxLimits
 
 logger = logging.getLogger(__name__)
 
@@ -54,18 +56,25 @@ class _Open:
     tools: dict[str, Callable]  # bound methods
     step_reward: float = 0.0  # sum of the rewards `step` returned so far
     steps: int = 0
+    failed: str | None = None  # why the environment could not start: every call of the trajectory says so
 
 
 class EnvHost:
-    def __init__(self, tool_timeout_s: float = 10.0, max_output_chars: int = 2000, max_threads: int = 32) -> None:
+    def __init__(
+        self,
+        tool_timeout_s: float = 10.0,
+        max_output_chars: int = 2000,
+        max_threads: int = 32,
+        isolation: Level = "thread",
+        sandbox: SandboxLimits | None = None,
+    ) -> None:
         if tool_timeout_s <= 0:
             raise ValueError(f"tool_timeout_s must be positive, got {tool_timeout_s}")
         if max_output_chars <= 0:
             raise ValueError(f"max_output_chars must be positive, got {max_output_chars}")
         self.tool_timeout_s = tool_timeout_s
         self.max_output_chars = max_output_chars
-        self._executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="env-tool")
-        self._slots = asyncio.Semaphore(max_threads)
+        self._iso = Isolation(isolation, max_threads, max_output_chars, sandbox)
         self._open: dict[str, _Open] = {}
         self._counts: Counter[str] = Counter()
 
@@ -75,19 +84,30 @@ class EnvHost:
         self, key: str, env_path: str, env_kwargs: dict, row: dict, tools: tuple[str, ...] = ()
     ) -> str | None:
         """Build the environment of trajectory `key` and reset it with `row`; returns the text reset() gave.
-        `env_path` and `tools` are the config's `env.name` and `env.tools` (see `envs.base.env_class`)."""
+        `env_path` and `tools` are the config's `env.name` and `env.tools` (see `envs.base.env_class`).
+
+        A constructor or reset that fails or times out costs only this trajectory: it is opened as failed (None is
+        returned, every later call answers with the error). A class that cannot be loaded raises: that is the
+        config's error, not one trajectory's."""
         if key in self._open:
             raise ValueError(f"environment {key!r} is already open on this host; close it before reusing the key")
         cls = env_class(env_path, tuple(tools))
-        # Constructors and reset may be slow (start a process, load a file): keep them off the event loop.
-        env = await self._in_thread(functools.partial(cls, **env_kwargs))
+        env = None
         try:
-            text = await self._in_thread(functools.partial(env.reset, **row))
+            env = await self._iso.construct(cls, env_path, tuple(tools), env_kwargs, self.tool_timeout_s)
+            text = await self._run(env.reset, row)
             if text is not None and not isinstance(text, str):
                 raise TypeError(f"{cls.__name__}.reset() must return str or None, got {type(text).__name__}")
-        except BaseException:
-            await self._close_env(env, key)
+        except EnvSetupError:
             raise
+        except Exception as e:
+            why = f"timed out after {self.tool_timeout_s:g} s" if isinstance(e, TimeoutError) else _detail(e)
+            self._counts["start_errors"] += 1
+            logger.warning("environment %r could not start: %s", key, why)
+            if env is not None:
+                await self._close_env(env, key)
+            self._open[key] = _Open(None, {}, failed=f"the environment could not start: {why}")
+            return None
         self._open[key] = _Open(env, tool_methods(env))
         self._counts["created"] += 1
         return text
@@ -97,20 +117,22 @@ class EnvHost:
         opened = self._open.pop(key, None)
         if opened is None:
             return False
-        await self._close_env(opened.env, key)
-        self._counts["closed"] += 1
+        if opened.failed is None:
+            await self._close_env(opened.env, key)
+            self._counts["closed"] += 1
         return True
 
     async def _close_env(self, env: Any, key: str) -> None:
         close = getattr(env, "close", None)
-        if close is None:
-            return
         try:
-            await self._run(close, {})
+            if close is not None:
+                await self._run(close, {})
         except Exception as e:
             # A failing close must not fail the rollout that already finished; it is counted and logged instead.
             self._counts["close_errors"] += 1
-            logger.warning("closing environment %r failed: %s: %s", key, type(e).__name__, e)
+            logger.warning("closing environment %r failed: %s", key, _detail(e))
+        finally:
+            await self._iso.release(env)
 
     def stats(self) -> dict[str, int]:
         """Counters since start: open instances, tool calls, turns, errors (incl. timeouts and parse errors), ..."""
@@ -124,8 +146,9 @@ class EnvHost:
             "parse_errors",
             "close_errors",
             "reward_errors",
+            "start_errors",
         )
-        return {"open": len(self._open), **{k: self._counts[k] for k in keys}}
+        return {"open": len(self._open), **{k: self._counts[k] for k in keys}, **self._iso.stats()}
 
     # ---------------------------------------------------------------- tools
 
@@ -140,6 +163,8 @@ class EnvHost:
 
     async def _call_one(self, opened: _Open, call: ToolCall) -> ToolResult:
         self._counts["calls"] += 1
+        if opened.failed:
+            return self._error(opened.failed)
         fn = opened.tools.get(call.name)
         if fn is None:
             available = ", ".join(sorted(opened.tools)) or "none"
@@ -149,15 +174,13 @@ class EnvHost:
         except ValueError as e:
             return self._error(f"{call.name}: {e}")
         try:
-            result = await self._run(fn, arguments)
+            text = await self._run(fn, arguments, text=True)
         except TimeoutError:
             self._counts["timeouts"] += 1
             return self._error(f"{call.name} timed out after {self.tool_timeout_s:g} s")
         except Exception as e:
-            # ValueError is the conventional "bad input" signal of a tool: its message is the whole story.
-            detail = str(e) if isinstance(e, ValueError) and str(e) else f"{type(e).__name__}: {e}"
-            return self._error(f"{call.name}: {detail}")
-        return ToolResult(self._truncate(_as_text(result)), error=False)
+            return self._error(f"{call.name}: {_detail(e)}")
+        return ToolResult(text, error=False)  # already cut to max_output_chars where it was made
 
     def _error(self, message: str) -> ToolResult:
         self._counts["errors"] += 1
@@ -177,19 +200,22 @@ class EnvHost:
         environment's state is unknown after that, so continuing would train on noise.
         """
         opened = self._get(key)
+        if opened.failed:
+            self._counts["turns"] += 1
+            return self._turn_error(opened.failed)
         step = getattr(opened.env, "step", None)
         if step is None:
             name = type(opened.env).__name__
             raise TypeError(f"environment {key!r} ({name}) has no step(text): it is a tool environment, use call_tools")
         self._counts["turns"] += 1
         try:
-            out = await self._run(functools.partial(step, assistant_text), {})
+            out = await self._run(step, {}, args=(assistant_text,))
             observation, reward, done = _checked_step(out)
         except TimeoutError:
             self._counts["timeouts"] += 1
             return self._turn_error(f"step timed out after {self.tool_timeout_s:g} s")
         except Exception as e:
-            return self._turn_error(f"step failed: {type(e).__name__}: {e}")
+            return self._turn_error(f"step failed: {_detail(e)}")
         opened.step_reward += reward
         opened.steps += 1
         return TurnResult(None if observation is None else self._truncate(observation), reward, done)
@@ -205,6 +231,9 @@ class EnvHost:
         of its step rewards for a turn-based environment; None when it has none, NaN when it failed."""
         opened = self._get(key)
         env = opened.env
+        if opened.failed:
+            self._counts["reward_errors"] += 1
+            return math.nan
         if callable(getattr(env, "reward", None)):
             fn, arguments = env.reward, {"completion": completion}
         elif callable(getattr(env, "get_reward", None)):
@@ -223,7 +252,7 @@ class EnvHost:
         except Exception as e:
             # NaN, not an exception: the rollout survives and the reward functions report it as an error.
             self._counts["reward_errors"] += 1
-            logger.warning("reward of environment %r failed: %s: %s", key, type(e).__name__, e)
+            logger.warning("reward of environment %r failed: %s", key, _detail(e))
             return math.nan
 
     # ---------------------------------------------------------------- batched calls
@@ -263,23 +292,19 @@ class EnvHost:
         except KeyError:
             raise KeyError(f"no open environment {key!r} on this host (create it first, or it was closed)") from None
 
-    async def _run(self, fn: Callable, arguments: dict[str, Any]) -> Any:
-        """Call `fn(**arguments)` under the tool timeout: awaited if async, else in the thread pool."""
-        if inspect.iscoroutinefunction(fn):
-            return await asyncio.wait_for(fn(**arguments), self.tool_timeout_s)
-        # The timeout starts when a thread is free: waiting behind other rollouts' calls is not this tool's time.
-        # (A timed-out call keeps its thread until it returns; the slot is freed at once, so the pool may queue.)
-        async with self._slots:
-            return await asyncio.wait_for(self._in_thread(functools.partial(fn, **arguments)), self.tool_timeout_s)
-
-    async def _in_thread(self, fn: Callable[[], Any]) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+    async def _run(self, fn: Callable, arguments: dict[str, Any], args: tuple = (), text: bool = False) -> Any:
+        """Call `fn(*args, **arguments)` under the tool timeout, where the isolation level runs it; its value as
+        tool text (cut to max_output_chars) when `text`."""
+        return await self._iso.run(fn, args, arguments, self.tool_timeout_s, text)
 
 
-def _as_text(result: Any) -> str:
-    if isinstance(result, str):
-        return result
-    return json.dumps(result, ensure_ascii=False, default=str)
+def _detail(e: Exception) -> str:
+    # ValueError is the conventional "bad input" signal of a tool, and an EnvError's message is already the whole
+    # story: their message alone; anything else with its type. Never raises, even for an unprintable exception.
+    if isinstance(e, ValueError | EnvError):
+        detail = describe(e)
+        return detail.removeprefix(f"{type(e).__name__}: ") if ": " in detail else detail
+    return describe(e)
 
 
 def _checked_step(out: Any) -> tuple[str | None, float, bool]:

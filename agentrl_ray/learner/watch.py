@@ -13,6 +13,8 @@ from typing import Any
 
 from agentrl_ray.config import Config
 from agentrl_ray.health import EarlyStopper, HealthMonitor
+from agentrl_ray.rewards import load_reward_functions, reward_name
+from agentrl_ray.rewards.failures import RewardFailureWatch
 from agentrl_ray.types import TrajectoryGroup
 
 
@@ -27,12 +29,15 @@ class RunWatch:
         self.rows_by_id = {str(row["id"]): row for row in train_rows} if r.save_rollouts else {}
         self.tools: list[dict[str, Any]] | None = None
         self.first_red: int | None = None
+        names = [reward_name(fn) for fn in load_reward_functions(cfg.reward.functions)]
+        self.reward_failures = RewardFailureWatch(cfg.reward.functions, names, cfg.reward.max_failing_steps)
 
     def after_step(self, step: int, groups: list[TrajectoryGroup], metrics: dict[str, Any]) -> str | None:
         """Save the step's traces (every run.save_rollouts steps), add the health verdict to `metrics`; returns a
         reason to stop early, or None."""
         if self.cfg.run.save_rollouts and groups and step % self.cfg.run.save_rollouts == 0:
             self._save(step, groups)
+        self.reward_failures.update(step, metrics)  # raises after reward.max_failing_steps all-failed steps
         verdict = self.health.update(metrics)
         metrics.update(verdict.metrics())
         if verdict.level == 2 and self.first_red is None:

@@ -56,7 +56,7 @@ class RolloutPool:
         env_hosts = [
             ray.remote(RestartableEnvHost)
             .options(max_concurrency=1000, max_restarts=restarts, max_task_retries=0, **o)
-            .remote(tool_timeout_s=cfg.env.tool_timeout_s)
+            .remote(tool_timeout_s=cfg.env.tool_timeout_s, isolation=cfg.env.isolation)
             for o in env_opts
         ]
         runtime_env = {"env_vars": vllm_env(kv_cache_gib=r.kv_cache_gib, use_gpu=threads.engines_on_gpu)}

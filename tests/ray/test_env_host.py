@@ -34,6 +34,20 @@ class FlakyEnv:
         """Always fails."""
         raise RuntimeError("kaboom")
 
+    def die(self, how: str) -> str:
+        """Leave badly (only ever called at env.isolation=process).
+
+        Args:
+            how: exit, segfault or system_exit.
+        """
+        if how == "exit":
+            os._exit(3)
+        if how == "segfault":
+            import ctypes
+
+            ctypes.string_at(0)
+        raise SystemExit(2)
+
 
 @pytest.fixture(scope="module")
 def host():
@@ -108,3 +122,31 @@ def test_turn_based_env_through_the_actor(host):
     assert second == TurnResult("done: b\nTask complete.", 1.0, True)
     assert ray.get(host.env_reward.remote("task", "")) == 1.0
     assert ray.get(host.close.remote("task"))
+
+
+def test_process_isolation_in_the_actor_contains_exits_crashes_and_hangs(host):
+    """env.isolation=process inside a real async actor (the zygote's control socket on Ray's event loop): each
+    trajectory's os._exit, segfault, SystemExit or hang costs that trajectory; the actor serves on."""
+    del host  # only its Ray
+    actor = ray.remote(EnvHost).options(num_cpus=0.25, max_concurrency=100).remote(1.0, isolation="process")
+    env = "test_env_host:FlakyEnv"
+    keys = ["exit", "segfault", "system_exit", "hang", "fine"]
+    assert ray.get(actor.create_many.remote(env, {}, [(k, {"id": k}) for k in keys])) == [f" [:{k}]" for k in keys]
+    naps = {"hang": 30, "fine": 0}
+    calls = [
+        (k, [ToolCall("nap", {"seconds": naps[k]}) if k in naps else ToolCall("die", {"how": k})], []) for k in keys
+    ]
+    results = dict(zip(keys, (r[0] for r in ray.get(actor.call_tools_many.remote(calls)))))
+    assert "died during die: it exited with code 3" in results["exit"].text
+    assert "died during die: killed by signal SIGSEGV" in results["segfault"].text
+    assert results["system_exit"] == ToolResult("Error: die: SystemExit: 2", True)
+    assert results["hang"] == ToolResult("Error: nap timed out after 1 s", True)
+    assert results["fine"] == ToolResult("rested", False)
+    ray.get(actor.close_many.remote(keys))
+    assert ray.get(actor.create.remote("again", env, {}, {"id": 9})) == " [:9]"
+    assert ray.get(actor.call_tools.remote("again", [ToolCall("nap", {"seconds": 0})], [])) == [ToolResult("rested")]
+    assert ray.get(actor.close.remote("again"))
+    stats = ray.get(actor.stats.remote())
+    assert stats["open"] == 0 and stats["children_alive"] == 0 and stats["children_started"] == 6
+    assert stats["children_died"] == 2 and stats["children_killed"] == 1
+    ray.kill(actor)

@@ -337,6 +337,12 @@ def test_env_host_lifecycle_tools_errors_and_stats():
         "parse_errors": 1,
         "close_errors": 0,
         "reward_errors": 0,
+        "start_errors": 0,
+        "stuck_threads": 0,
+        "children_alive": 0,
+        "children_started": 0,
+        "children_killed": 0,
+        "children_died": 0,
     }
 
 
