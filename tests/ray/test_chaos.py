@@ -16,6 +16,7 @@ import time
 import pytest
 import ray
 import torch
+from builders import TINY_RUN
 from safetensors.torch import load_file
 
 from agentrl_ray.config import load_config
@@ -26,17 +27,7 @@ pytestmark = pytest.mark.slow
 
 STEPS = 3
 SMALL = [
-    "profile=cpu",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "data.train_size=64",
-    "data.eval_size=8",
-    "run.eval_samples=1",
-    "run.eval_every=0",
-    "run.eval_at_start=false",
-    "run.checkpoint_every=1",
-    "run.keep_checkpoints=0",
-    "run.plot=false",
+    *TINY_RUN,
     "sync.max_staleness=0",
     f"run.steps={STEPS}",
     # Deadlines short enough that a frozen engine is found in well under a minute, long enough for healthy work.

@@ -6,25 +6,14 @@ import json
 
 import pytest
 import torch
+from builders import TINY_RUN
 
 from agentrl_ray.config import load_config
 from agentrl_ray.driver import SNAPSHOT, train
 
 pytestmark = pytest.mark.slow
 
-SMALL = [
-    "profile=cpu",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "data.train_size=64",
-    "data.eval_size=8",
-    "run.eval_samples=1",
-    "run.eval_every=0",
-    "run.eval_at_start=false",
-    "run.checkpoint_every=1",
-    "run.keep_checkpoints=0",
-    "run.plot=false",
-]
+SMALL = TINY_RUN
 
 
 def _cut(path, keep=0.5):

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from builders import trajectory
 
 from agentrl_ray.api import build_config
 from agentrl_ray.chat_format import ToolCall, parse_tool_calls, prompt_messages
@@ -19,7 +20,7 @@ from agentrl_ray.eval_stats import bootstrap_interval, pass_at_k
 from agentrl_ray.evaluate import summarize
 from agentrl_ray.inference import transcript
 from agentrl_ray.messages import assistant_message, to_openai, tool_messages
-from agentrl_ray.types import Trajectory, TrajectoryGroup
+from agentrl_ray.types import TrajectoryGroup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,22 +129,7 @@ def test_pass_at_k_matches_the_definition():
 
 
 def _traj(pid, i, reward, messages, calls=0, errors=0):
-    return Trajectory(
-        prompt_id=pid,
-        sample_index=i,
-        token_ids=[1, 2],
-        action_mask=[0, 1],
-        env_mask=[0, 0],
-        template_mask=[0, 0],
-        rollout_logprobs=[0.0, -1.0],
-        reward=reward,
-        policy_version=0,
-        finish_reason="answer",
-        prompt_len=1,
-        num_tool_calls=calls,
-        num_tool_errors=errors,
-        completion_messages=messages,
-    )
+    return trajectory(pid, i, reward, num_tool_calls=calls, num_tool_errors=errors, completion_messages=messages)
 
 
 def test_summarize_and_openai_transcripts():

@@ -2,31 +2,16 @@
 numbers `agentrl-ray eval` reports for the same samples."""
 
 import pytest
+from builders import trajectory
 
 from agentrl_ray.eval_stats import pass_rates, training_eval_metrics
 from agentrl_ray.evaluate import summarize
 from agentrl_ray.outputs import eval_text
-from agentrl_ray.types import Trajectory, TrajectoryGroup
+from agentrl_ray.types import TrajectoryGroup
 
 
 def _group(pid: str, rewards: list[float]) -> TrajectoryGroup:
-    trajs = [
-        Trajectory(
-            prompt_id=pid,
-            sample_index=i,
-            token_ids=[1, 2],
-            action_mask=[0, 1],
-            env_mask=[0, 0],
-            template_mask=[0, 0],
-            rollout_logprobs=[0.0, -1.0],
-            reward=r,
-            policy_version=0,
-            finish_reason="answer",
-            prompt_len=1,
-        )
-        for i, r in enumerate(rewards)
-    ]
-    return TrajectoryGroup(pid, trajs)
+    return TrajectoryGroup(pid, [trajectory(pid, i, r) for i, r in enumerate(rewards)])
 
 
 def test_training_metrics_carry_pass_at_1_with_its_interval_and_pass_at_k():

@@ -1,0 +1,36 @@
+"""Small shared builders of the test tiers: a minimal `Trajectory` and the overrides of a tiny training run.
+
+`pytest` puts this folder on sys.path (it holds the root conftest.py), so test modules import it as `builders`."""
+
+from agentrl_ray.types import Trajectory
+
+# A 3-step-or-so default-task run on the built-in tiny model, checkpointing every step, no evaluation or plots:
+# what the resume and chaos tests start from (each adds its own keys after these).
+TINY_RUN = [
+    "profile=cpu",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "data.train_size=64",
+    "data.eval_size=8",
+    "run.eval_samples=1",
+    "run.eval_every=0",
+    "run.eval_at_start=false",
+    "run.checkpoint_every=1",
+    "run.keep_checkpoints=0",
+    "run.plot=false",
+]
+
+
+def trajectory(prompt_id: str = "p0", sample_index: int = 0, reward: float = 0.0, **fields) -> Trajectory:
+    """A two-token trajectory (one prompt token, one action token); `fields` override any other field."""
+    base = dict(
+        token_ids=[1, 2],
+        action_mask=[0, 1],
+        env_mask=[0, 0],
+        template_mask=[0, 0],
+        rollout_logprobs=[0.0, -1.0],
+        policy_version=0,
+        finish_reason="answer",
+        prompt_len=1,
+    )
+    return Trajectory(prompt_id=prompt_id, sample_index=sample_index, reward=reward, **{**base, **fields})
