@@ -10,6 +10,7 @@ what is free, never hangs.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,29 +106,37 @@ def reserve(plan: Plan, timeout_s: float, name: str = "") -> Reserved:
     return Reserved(plan, group)
 
 
-def check_shared_storage(root: str, plan: Plan) -> None:
-    """Learner ranks on other nodes write checkpoints to `root`: a local folder must be the same folder there
-    (a shared filesystem). Each such node must see a marker file this driver writes, else a clear error."""
-    from agentrl_ray.storage import is_uri, unshared_message, write_marker
+def check_nodes_see(root: str, model_folder: str | None, plan: Plan) -> None:
+    """Refuse a plan whose other nodes do not see the driver's storage folder or model folder (storage.py)."""
+    from agentrl_ray.storage import blind_message, paths_to_check, write_marker
 
     here = ray.get_runtime_context().get_node_id()
-    others = sorted({s.node_id for s in plan.learners} - {here})
-    if is_uri(root) or not others:
+    need = paths_to_check(
+        root, model_folder, here, [s.node_id for s in plan.learners], [s.node_id for s in plan.engines]
+    )
+    if not need:
         return
-    marker = write_marker(root)
+    # The storage folder gets a fresh marker (the same path may exist on every node, holding different files); the
+    # model folder, which may be read-only, is seen when its config.json is.
+    markers = {root: write_marker(root)} if any(root in paths for paths in need.values()) else {}
+    probe = {**{f: os.path.join(f, "config.json") for f in [model_folder] if f}, **markers}
     try:
         seen = ray.get(
             [
-                _sees.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(str(marker))
-                for node in others
+                _sees.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+                    [str(probe[f]) for f in paths]
+                )
+                for node, paths in need.items()
             ],
             timeout=120,
         )
     finally:
-        marker.unlink()
-    blind = [node for node, ok in zip(others, seen) if not ok]
-    if blind:
-        raise PlacementError(unshared_message(root, blind))
+        for marker in markers.values():
+            marker.unlink()
+    blind = {node: [f for f, ok in zip(paths, oks) if not ok] for (node, paths), oks in zip(need.items(), seen)}
+    message = blind_message(root, model_folder, {n: f for n, f in blind.items() if f})
+    if message:
+        raise PlacementError(message)
 
 
 def ensure_model_on_nodes(repo_id: str, snapshot: str, plan: Plan) -> None:
@@ -165,10 +174,10 @@ def _fetch(repo_id: str, commit: str) -> str:
 
 
 @ray.remote(num_cpus=0)
-def _sees(path: str) -> bool:
+def _sees(paths: list[str]) -> list[bool]:
     import os
 
-    return os.path.exists(path)
+    return [os.path.exists(p) for p in paths]
 
 
 def learner_scaling(plan: Plan, use_gpu: bool):

@@ -99,6 +99,12 @@ class RolloutConfig:
     """Reuse KV blocks across the samples of a group and the turns of an episode."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra vLLM engine arguments we do not wrap (names of vLLM's EngineArgs, checked when the engine starts)."""
+    sleep_mode: Literal["auto", "on", "off"] = "auto"
+    """vLLM sleep mode (level 1) between rollouts, so a learner rank sharing the GPU gets its memory: auto = on when
+    engines and learner ranks share GPUs (placement colocated) and sync.max_staleness=0; on needs GPU engines."""
+    lora_mode: Literal["auto", "native", "merge"] = "auto"
+    """How engines apply the synced LoRA adapter: native = vLLM's LoRA (a new LoRARequest per version), merge = into
+    a copy of the base weights; auto = native on GPU engines, merge on CPU (engine_modes.py)."""
     enforce_eager: bool = True
     """Run vLLM without CUDA graphs (required on CPU)."""
     system_prompt: str = ""
@@ -538,12 +544,15 @@ def load_config(
     user = deep_merge(deep_merge(user, values or {}), parse_overrides(overrides or []))
     requested = user.get("profile", "auto")
     _check_value(requested, typing.get_type_hints(Config)["profile"], "profile")
-    profile = resolve_profile(requested)
+    from agentrl_ray.cluster_hardware import target_hardware
+
+    hardware = target_hardware()  # the Ray cluster's nodes when there is one, else this machine: read once
+    profile = resolve_profile(requested, hardware)
     stability = user.get("stability", "balanced")
     if stability not in STABILITY:
         raise ConfigError(f"stability: {stability!r} is not one of {', '.join(STABILITY)}")
     # Layers, later ones winning: defaults -> profile -> stability preset -> YAML -> overrides.
-    preset = profile_preset(profile)
+    preset = profile_preset(profile, hardware)
     preset = deep_merge(preset, stability_preset(stability, preset))
     merged = deep_merge(preset, {**user, "profile": profile})
     cfg = _build(Config, merged)
@@ -583,6 +592,14 @@ def validate(cfg: Config) -> None:
     need(
         r.use_gpu or r.tensor_parallel_size == 1,
         "rollout.tensor_parallel_size > 1 needs rollout.use_gpu=true (tensor parallelism splits an engine over GPUs)",
+    )
+    need(
+        r.sleep_mode != "on" or r.use_gpu,
+        "rollout.sleep_mode=on needs rollout.use_gpu=true: vLLM has sleep mode on CUDA (and ROCm/XPU) only, not on CPU",
+    )
+    need(
+        r.lora_mode != "native" or lr.lora.enabled,
+        "rollout.lora_mode=native applies a LoRA adapter in the engine: it needs learner.lora.enabled=true",
     )
     need(0 <= r.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization must be in [0, 1] (0 = from placement)")
     need(cfg.placement.timeout_s > 0, "placement.timeout_s must be > 0")

@@ -86,7 +86,7 @@ def place(cfg: Config, model_path: str):
     """Plan from the cluster's nodes (never this machine's), resolve the config's counts from it, check that every
     node sees the storage and the model, and reserve it. Returns (plan, reserved plan, checkpoint storage path)."""
     from agentrl_ray import hub
-    from agentrl_ray.cluster import apply_plan, check_shared_storage, ensure_model_on_nodes, plan_for_cluster, reserve
+    from agentrl_ray.cluster import apply_plan, check_nodes_see, ensure_model_on_nodes, plan_for_cluster, reserve
     from agentrl_ray.storage import checkpoint_root
 
     plan = plan_for_cluster(cfg)  # a plan the cluster cannot hold fails here, saying what is missing
@@ -95,8 +95,9 @@ def place(cfg: Config, model_path: str):
     atomic_write_text(cfg.run_dir / "config.json", json.dumps(cfg.to_dict(), indent=2))  # as planned
     atomic_write_text(cfg.run_dir / "placement.json", json.dumps(plan.to_dict(), indent=2))
     storage = checkpoint_root(cfg.run.output_dir, cfg.run.storage_path)
-    check_shared_storage(storage, plan)
-    if hub.is_hub_id(cfg.model.path):
+    hub_model = hub.is_hub_id(cfg.model.path)
+    check_nodes_see(storage, None if hub_model else model_path, plan)  # several nodes need shared folders
+    if hub_model:
         ensure_model_on_nodes(cfg.model.path.partition("@")[0], model_path, plan)
     return plan, reserve(plan, cfg.placement.timeout_s, name=f"agentrl-{cfg.run.name}-rollout"), storage
 

@@ -1,6 +1,7 @@
 """Hardware profiles: presets that sit under the user's YAML and overrides (the thread policy is in `threads`).
 
-`profile=auto` looks at the machine (cores, RAM, GPUs) and picks `gpu` when CUDA devices are visible, else `cpu`.
+`profile=auto` looks at the hardware the run will use (cores, RAM, GPUs) and picks `gpu` when it has GPUs, else `cpu`:
+the Ray cluster this process is connected to or pointed at (RAY_ADDRESS), else this machine (`cluster_hardware`).
 A Ryzen-class workstation (>= 8 cores, >= 32 GiB, no GPU) gets a larger CPU preset: more rollout workers and
 learner threads. Explicit profiles:
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentrl_ray.cluster_hardware import target_hardware
 from agentrl_ray.hardware import Hardware, detect_hardware
 from agentrl_ray.sizing import fit_cpu_requests
 
@@ -27,14 +29,14 @@ __all__ = ["Hardware", "detect_hardware", "profile_preset", "resolve_profile"]
 def resolve_profile(requested: str, hardware: Hardware | None = None) -> str:
     if requested != "auto":
         return requested
-    hardware = hardware or detect_hardware()
+    hardware = hardware or target_hardware()
     return "gpu" if hardware.gpus > 0 else "cpu"
 
 
 def profile_preset(profile: str, hardware: Hardware | None = None) -> dict[str, Any]:
     """Nested config values for a resolved profile (never 'auto'), its Ray CPU requests sized to fit the node."""
 
-    hardware = hardware or detect_hardware()
+    hardware = hardware or target_hardware()
     return fit_cpu_requests(_preset(profile, hardware), hardware.cpus)
 
 

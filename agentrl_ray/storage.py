@@ -11,8 +11,16 @@ A relative path resolves against the working directory, except inside a submitte
 (`.../runtime_resources/working_dir_files/_ray_pkg_<hash>/`), gone with the session: there relative paths resolve
 against `$AGENTRL_HOME`, or the home folder of the user the job runs as.
 
-A local storage path used by learner ranks on other nodes must be the same folder on every node (a shared
-filesystem): the driver checks that each of those nodes sees a marker file it wrote, and refuses to start otherwise.
+Several nodes without shared storage are refused before anything starts. "Shared" is decided per path, not
+declared: a cloud URI is shared by construction; a local folder is shared with a node when that node sees a marker
+file (a fresh random name) that the driver has just written there. The driver checks (`cluster.check_nodes_see`):
+- the storage path on every node that runs a learner rank other than the driver's own (rank 0 writes the
+  checkpoints there, through Ray Train, from whatever node it lands on);
+- a local model folder (builtin or a path; Hub ids have their own check) on every node that runs an engine or a
+  learner rank, each of which loads it.
+Nodes that all run on the driver's node need nothing shared. The same machine's raylets share its filesystem, so
+the check passes there; tests/ray/test_placement_cluster.py runs the driver in a private mount namespace (its own
+tmpfs over the storage folder) to see a refusal on a real cluster.
 """
 
 from __future__ import annotations
@@ -80,6 +88,40 @@ def write_marker(root: str) -> Path:
     marker = folder / f".agentrl_shared_{uuid.uuid4().hex}"
     marker.write_text("written by the agentrl_ray driver to check that every node sees this folder\n")
     return marker
+
+
+def paths_to_check(
+    root: str, model_folder: str | None, driver_node: str, learner_nodes: list[str], engine_nodes: list[str]
+) -> dict[str, list[str]]:
+    """Which local folders each node other than the driver's must see: `root` (checkpoints) where learner ranks
+    run, `model_folder` where learner ranks or engines run. Cloud URIs and `model_folder=None` (a Hub model,
+    checked on its own) need nothing."""
+    need: dict[str, list[str]] = {}
+    if not is_uri(root):
+        for node in learner_nodes:
+            need.setdefault(node, []).append(root)
+    if model_folder:
+        for node in [*learner_nodes, *engine_nodes]:
+            if model_folder not in need.setdefault(node, []):
+                need[node].append(model_folder)
+    need.pop(driver_node, None)
+    return {node: paths for node, paths in sorted(need.items()) if paths}
+
+
+def blind_message(root: str, model_folder: str | None, blind: dict[str, list[str]]) -> str | None:
+    """The refusal for the folders some nodes did not see (`blind`: node → folders), or None when all were seen."""
+    storage = sorted(n for n, paths in blind.items() if root in paths)
+    model = sorted(n for n, paths in blind.items() if model_folder and model_folder in paths)
+    parts = []
+    if storage:
+        parts.append(unshared_message(root, storage))
+    if model:
+        parts.append(
+            f"the model folder {model_folder!r} is not on node(s) {', '.join(n[:12] for n in model)}, where engines "
+            "or learner ranks load it: put it on a filesystem every node mounts at the same path, or use a Hub id "
+            "(model.path=org/name), which every node fetches at the same commit"
+        )
+    return "; ".join(parts) or None
 
 
 def unshared_message(root: str, nodes: list[str]) -> str:

@@ -97,3 +97,37 @@ def test_unsatisfiable_plan_fails_within_seconds(one_gpu_cluster):
         assert time.monotonic() - t0 < 20
     finally:
         remove_placement_group(squatter)
+
+
+def test_auto_profile_is_sized_from_the_cluster(one_gpu_cluster):
+    # This machine has no GPU and 2 cores; the cluster this process is connected to has 1 GPU and a 4-CPU node.
+    cfg = load_config(None, [])
+    assert cfg.profile == "gpu"
+    assert cfg.learner.num_cpus_per_worker == pytest.approx(2.45)  # 4 CPUs shared out, not the driver's 2
+    assert plan_for_cluster(cfg).mode == "colocated"
+
+
+def test_multi_node_without_shared_storage_is_refused(one_gpu_cluster, tmp_path):
+    """The driver runs in a mount namespace of its own whose tmpfs covers the output folder: the folder it writes
+    is one that the worker node (where the learner rank runs) does not see, as on two machines without a shared
+    filesystem. `agentrl-ray train` refuses before any actor starts."""
+    import os
+    import subprocess
+    import sys
+
+    private = tmp_path / "driver_only"
+    private.mkdir()
+    train = [sys.executable, "-m", "agentrl_ray.cli", "train", "profile=cpu", f"run.output_dir={private}/runs"]
+    train += ["run.steps=1", "data.eval_size=16"]
+    script = f"mount -t tmpfs tmpfs {private} && exec " + " ".join(train)
+    # --map-root-user: a private mount namespace without root too (a user namespace, FACTS.md).
+    cmd = ["unshare", "--mount", "--map-root-user", "--propagation", "private", "sh", "-c", script]
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "do not see" in proc.stderr and "shared filesystem" in proc.stderr, proc.stderr[-3000:]
+    assert one_gpu_cluster[:12] in proc.stderr  # names the node
+    assert "model folder" not in proc.stderr  # the builtin model's cache is on this machine's shared filesystem
+    assert list(private.iterdir()) == []  # everything the driver wrote went to its private tmpfs
+    print(f"refused after {time.monotonic() - t0:.1f}s")

@@ -1,0 +1,50 @@
+"""Two engine settings that follow from the config and the placement mode, decided in one pure function.
+
+- sleep: the engine sleeps (vLLM sleep mode, level 1: weights copied to CPU memory, KV cache freed) from the end
+  of each rollout until the next one, so a learner rank that shares its GPU gets that memory for its step. It wakes
+  before anything else touches it: the next rollout (whose pending weights it then loads), a weight push, a greedy
+  check. Worth it only when they share a GPU (`placement.mode=colocated`) and take turns: with
+  `sync.max_staleness=1` the rollout of step t+1 runs while step t trains, so there is no idle engine to put to
+  sleep. vLLM offers sleep mode on CUDA (and ROCm/XPU) only: on CPU `rollout.sleep_mode=on` is refused.
+- lora_rank: > 0 builds the engine with vLLM's own LoRA support (`enable_lora`, `max_lora_rank` the smallest rank
+  vLLM accepts that holds `learner.lora.r`); each sync then hands the engine the adapter, which it applies as a new
+  `LoRARequest` (a new id per version), instead of merging the adapter into a copy of the whole model on CPU. On by
+  default on GPU engines; vLLM CPU supports it too (`rollout.lora_mode=native`), the CPU default stays the merge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentrl_ray.config import Config
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's LoRAConfig.max_lora_rank choices
+
+
+@dataclass(frozen=True)
+class EngineModes:
+    sleep: bool = False
+    """Sleep (level 1) between rollouts, wake up before the next use."""
+    lora_rank: int = 0
+    """vLLM's max_lora_rank for native LoRA; 0: full weights, or LoRA merged on the receiving side."""
+
+
+def engine_modes(cfg: Config, placement_mode: str | None) -> EngineModes:
+    """`placement_mode`: the plan's mode ("cpu", "separate", "colocated"), None without a plan (an engine pool made
+    by hand, as tests do): then only an explicit `rollout.sleep_mode=on` sleeps."""
+    r = cfg.rollout
+    if r.sleep_mode == "auto":
+        sleep = r.use_gpu and placement_mode == "colocated" and cfg.sync.max_staleness == 0
+    else:
+        sleep = r.sleep_mode == "on"
+    lora = cfg.learner.lora
+    native = r.lora_mode == "native" or (r.lora_mode == "auto" and lora.enabled and r.use_gpu)
+    return EngineModes(sleep=sleep, lora_rank=vllm_lora_rank(lora.r) if native and lora.enabled else 0)
+
+
+def vllm_lora_rank(r: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds rank `r`."""
+    for rank in VLLM_LORA_RANKS:
+        if rank >= r:
+            return rank
+    raise ValueError(f"learner.lora.r={r} is above the largest LoRA rank vLLM supports ({VLLM_LORA_RANKS[-1]})")
