@@ -27,8 +27,8 @@ LAYERS = {
     "storage": 0,
     "hub": 0,
     "hardware": 0,
-    "cluster_hardware": 0,
-    "engine_modes": 0,  # engine sleep and native LoRA, decided from the config and the placement mode  # the hardware summary from ray.nodes() (imports Ray only when a cluster is in play)
+    "cluster_hardware": 0,  # the hardware summary from ray.nodes() (imports Ray only when a cluster is in play)
+    "engine_modes": 0,  # engine sleep and native LoRA, decided from the config and the placement mode
     "sizing": 0,
     "stability": 0,
     "eval_stats": 0,  # pass@1 with its interval and pass@k: training's evaluations and `agentrl-ray eval`
