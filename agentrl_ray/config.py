@@ -99,9 +99,9 @@ class RolloutConfig:
     """Reuse KV blocks across the samples of a group and the turns of an episode."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra vLLM engine arguments we do not wrap (names of vLLM's EngineArgs, checked when the engine starts)."""
-    sleep_mode: Literal["auto", "on", "off"] = "auto"
+    sleep_mode: Literal["auto", "always", "never"] = "auto"
     """vLLM sleep mode (level 1) between rollouts, so a learner rank sharing the GPU gets its memory: auto = on when
-    engines and learner ranks share GPUs (placement colocated) and sync.max_staleness=0; on needs GPU engines."""
+    engines and learner ranks share GPUs (placement colocated) and sync.max_staleness=0; always needs GPU engines."""
     lora_mode: Literal["auto", "native", "merge"] = "auto"
     """How engines apply the synced LoRA adapter: native = vLLM's LoRA (a new LoRARequest per version), merge = into
     a copy of the base weights; auto = native on GPU engines, merge on CPU (engine_modes.py)."""
@@ -594,8 +594,8 @@ def validate(cfg: Config) -> None:
         "rollout.tensor_parallel_size > 1 needs rollout.use_gpu=true (tensor parallelism splits an engine over GPUs)",
     )
     need(
-        r.sleep_mode != "on" or r.use_gpu,
-        "rollout.sleep_mode=on needs rollout.use_gpu=true: vLLM has sleep mode on CUDA (and ROCm/XPU) only, not on CPU",
+        r.sleep_mode != "always" or r.use_gpu,
+        "rollout.sleep_mode=always needs rollout.use_gpu=true: vLLM has sleep mode on CUDA (and ROCm/XPU), not on CPU",
     )
     need(
         r.lora_mode != "native" or lr.lora.enabled,

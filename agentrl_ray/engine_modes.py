@@ -5,7 +5,7 @@
   before anything else touches it: the next rollout (whose pending weights it then loads), a weight push, a greedy
   check. Worth it only when they share a GPU (`placement.mode=colocated`) and take turns: with
   `sync.max_staleness=1` the rollout of step t+1 runs while step t trains, so there is no idle engine to put to
-  sleep. vLLM offers sleep mode on CUDA (and ROCm/XPU) only: on CPU `rollout.sleep_mode=on` is refused.
+  sleep. vLLM offers sleep mode on CUDA (and ROCm/XPU) only: on CPU `rollout.sleep_mode=always` is refused.
 - lora_rank: > 0 builds the engine with vLLM's own LoRA support (`enable_lora`, `max_lora_rank` the smallest rank
   vLLM accepts that holds `learner.lora.r`); each sync then hands the engine the adapter, which it applies as a new
   `LoRARequest` (a new id per version), instead of merging the adapter into a copy of the whole model on CPU. On by
@@ -31,12 +31,12 @@ class EngineModes:
 
 def engine_modes(cfg: Config, placement_mode: str | None) -> EngineModes:
     """`placement_mode`: the plan's mode ("cpu", "separate", "colocated"), None without a plan (an engine pool made
-    by hand, as tests do): then only an explicit `rollout.sleep_mode=on` sleeps."""
+    by hand, as tests do): then only an explicit `rollout.sleep_mode=always` sleeps."""
     r = cfg.rollout
     if r.sleep_mode == "auto":
         sleep = r.use_gpu and placement_mode == "colocated" and cfg.sync.max_staleness == 0
     else:
-        sleep = r.sleep_mode == "on"
+        sleep = r.sleep_mode == "always"
     lora = cfg.learner.lora
     native = r.lora_mode == "native" or (r.lora_mode == "auto" and lora.enabled and r.use_gpu)
     return EngineModes(sleep=sleep, lora_rank=vllm_lora_rank(lora.r) if native and lora.enabled else 0)

@@ -10,10 +10,8 @@ Modes (`placement.mode`), when engines and learner both use GPUs:
 - separate: every engine owns `rollout.tensor_parallel_size` whole GPUs, every learner rank one whole GPU.
 - colocated: each GPU holds one engine and one learner rank, each asking Ray for half of it, so one GPU works.
   The halves are Ray's bookkeeping only: memory is shared through `rollout.gpu_memory_utilization` (0.35 by
-  default here) and what the learner leaves. vLLM's sleep mode (`engine_kwargs: {enable_sleep_mode: true}`, then
-  `sleep()` while the learner steps and `wake_up()` before the next rollout) would hand the engine's weights and KV
-  cache memory to the learner between rollouts; not done yet, so colocated fits models whose engine and training
-  state fit side by side.
+  default here) and what the learner leaves. With `sync.max_staleness=0` the engine also sleeps between rollouts
+  (vLLM sleep mode, level 1: `engine_modes.py`), handing its weights' and KV cache's memory to the learner step.
 - auto: separate with >= 2 GPUs in the cluster, else colocated.
 `rollout.num_workers=0` / `learner.num_workers=0` (the gpu profile) size the counts from the cluster's GPUs;
 `env.num_actors=0` gives one env host per engine.

@@ -7,6 +7,13 @@ sampled token, so the learner trains on exactly what was sampled. Weights are up
 
 vLLM's engine settings are process-wide environment variables, read at `import vllm`: `vllm_env` gives them, and the
 rollout pool starts each worker's process with them.
+
+Two modes, decided by `engine_modes.engine_modes` and fixed at construction:
+- sleep (a GPU shared with a learner rank): `sleep()` after a rollout (level 1: weights to CPU memory, KV cache
+  freed); every method that needs the engine wakes it first, so a caller never meets a sleeping engine. Only built
+  with `enable_sleep_mode=True`, which vLLM refuses off CUDA/ROCm/XPU: on CPU it is never turned on.
+- native LoRA (`lora_rank` > 0): built with `enable_lora`; `set_adapter(folder)` registers a PEFT folder as a new
+  `LoRARequest` (a new id each time, the previous one removed) that every later generation uses.
 """
 
 from __future__ import annotations
@@ -56,6 +63,16 @@ def check_engine_kwargs(extra: dict[str, Any], wrapped: dict[str, Any]) -> None:
             )
 
 
+def _check_sleep_mode() -> None:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_sleep_mode_available():
+        raise ValueError(
+            f"rollout.sleep_mode: this vLLM runs on {current_platform.device_type!r}, which has no sleep mode (CUDA, "
+            "ROCm and XPU do): set rollout.sleep_mode=never"
+        )
+
+
 @dataclass
 class Generation:
     token_ids: list[int]
@@ -88,6 +105,8 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         enable_prefix_caching: bool = True,
         engine_kwargs: dict[str, Any] | None = None,
+        sleep: bool = False,
+        lora_rank: int = 0,
     ) -> None:
         from vllm import LLM
 
@@ -116,9 +135,48 @@ class VLLMEngine:
             **parallel,
             **no_chunking,
         )
+        if sleep:
+            _check_sleep_mode()
+            wrapped["enable_sleep_mode"] = True
+        if lora_rank:
+            # One adapter at a time: the policy's current version.
+            wrapped.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
         extra = dict(engine_kwargs or {})
         check_engine_kwargs(extra, wrapped)
         self.llm = LLM(**wrapped, **extra)
+        self.can_sleep = sleep
+        self.asleep = False
+        self.lora = None  # the LoRARequest of the current adapter (native LoRA)
+
+    # ---------------------------------------------------------------- sleep mode
+
+    def sleep(self) -> None:
+        """Hand the GPU memory to whoever shares it (level 1: weights kept in CPU memory); a no-op without sleep
+        mode or when already asleep. No request may be running (the rollout worker calls it between rollouts)."""
+        if self.can_sleep and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    # ---------------------------------------------------------------- native LoRA
+
+    def set_adapter(self, folder: str) -> None:
+        """Use the PEFT adapter in `folder` from now on: loaded now (a bad adapter fails here, not mid-rollout),
+        under a new id, so vLLM never serves a cached older version; the previous one is dropped."""
+        from vllm.lora.request import LoRARequest
+
+        previous = self.lora
+        new_id = previous.lora_int_id + 1 if previous else 1
+        request = LoRARequest(f"policy-{new_id}", new_id, folder)
+        self.wake()
+        self.llm.llm_engine.add_lora(request)
+        self.lora = request
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
 
     def generate(
         self,
@@ -147,7 +205,10 @@ class VLLMEngine:
             )
             for i, m in enumerate(max_tokens)
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        self.wake()
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False, lora_request=self.lora
+        )
         results = []
         for out in outputs:
             comp = out.outputs[0]
@@ -160,6 +221,7 @@ class VLLMEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         # In-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): the iterable reaches the loader as it is, so a stream of
         # tensors (the collective sync's buckets) is consumed as it arrives, never held whole.
+        self.wake()  # level 1 keeps the old weights in CPU memory: they come back to the GPU, then get replaced
         self.llm.collective_rpc(_reload, args=(named_tensors,))
         # Cached KV blocks were computed by the old weights.
         self.llm.reset_prefix_cache()

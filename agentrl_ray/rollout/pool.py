@@ -15,6 +15,7 @@ import ray
 
 from agentrl_ray.config import Config
 from agentrl_ray.deadlines import Deadlines
+from agentrl_ray.engine_modes import engine_modes
 from agentrl_ray.rollout.engine import vllm_env
 from agentrl_ray.rollout.recovery import ActorFailed, Recovery, RestartableEnvHost
 from agentrl_ray.rollout.worker import RolloutWorker
@@ -74,6 +75,7 @@ class RolloutPool:
                 cfg.run.seed,
                 collective_backend(cfg),  # the same choice as the learner's sender (sync.sender.make_sender)
                 threads,
+                engine_modes(cfg, placed.plan.mode if placed else None),  # sleep between rollouts, native LoRA
             )
             for i, o in enumerate(engine_opts)
         ]

@@ -16,6 +16,7 @@ import torch
 
 from agentrl_ray.chat_format import prompt_messages
 from agentrl_ray.config import EnvConfig, ModelConfig, RewardConfig, RolloutConfig
+from agentrl_ray.engine_modes import EngineModes
 from agentrl_ray.envs.base import env_class as make_env_class
 from agentrl_ray.envs.base import tool_schemas
 from agentrl_ray.envs.client import EnvClient
@@ -42,6 +43,7 @@ class RolloutWorker:
         seed: int,
         collective: CollectiveBackend,
         threads: ThreadPolicy,
+        modes: EngineModes = EngineModes(),
     ) -> None:
         # Before the engine starts: vLLM CPU freezes the thread count then (its env vars came with the process).
         torch.set_num_threads(threads.engine_threads())
@@ -72,8 +74,11 @@ class RolloutWorker:
             tensor_parallel_size=cfg.tensor_parallel_size,
             enable_prefix_caching=cfg.enable_prefix_caching,
             engine_kwargs=cfg.engine_kwargs,
+            sleep=modes.sleep,
+            lora_rank=modes.lora_rank,
         )
-        self.weights = WeightReceiver(model_path, self.engine.load_weights, collective)
+        adapter = self.engine.set_adapter if modes.lora_rank else None  # native LoRA, else merged full weights
+        self.weights = WeightReceiver(model_path, self.engine.load_weights, collective, load_adapter=adapter)
         # One rollout call at a time. The pool never sends two, but a learner restarted by Ray Train may send its
         # first while the dead learner's last call still runs here: it waits for it (same environment keys).
         self._one_rollout = asyncio.Lock()
@@ -93,7 +98,11 @@ class RolloutWorker:
         (the sender's pending update) are loaded first. `redo`: this call repeats one whose work was lost
         (rollout/recovery.py); environments it left open under the same keys are closed first."""
         async with self._one_rollout:
-            return await self._rollout(rows, group_size, temperature, seed, weights, redo)
+            try:
+                return await self._rollout(rows, group_size, temperature, seed, weights, redo)
+            finally:
+                # A learner rank shares the GPU (engine_modes): free it for the step; the next use wakes the engine.
+                self.engine.sleep()
 
     async def _rollout(
         self,

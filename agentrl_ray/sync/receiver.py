@@ -6,14 +6,21 @@ which the rollout worker supplies: vLLM's `reload_weights`, then a prefix-cache 
 - full weights from the collective group: tensors streamed bucket by bucket into the reload;
 - a LoRA adapter: merged into this engine's own copy of the base weights (W = W0 + scaling * B @ A), because vLLM's
   in-place reload does not keep the previous values of tensors left out of a reload. Only the adapter travels.
+- a LoRA adapter to an engine with native LoRA (`load_adapter` given, see `engine_modes`): written as a PEFT folder
+  (adapter_config.json + adapter_model.safetensors) on this node and handed to the engine, which serves it as a new
+  LoRARequest; no copy of the base weights, no merge. The previous version's folder is removed.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from agentrl_ray.sync.collective import CollectiveBackend, CollectiveGroup
 from agentrl_ray.sync.packing import load_safetensors_folder, unpack
@@ -23,9 +30,13 @@ Load = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
 
 
 class WeightReceiver:
-    def __init__(self, model_path: str, load: Load, backend: CollectiveBackend) -> None:
+    def __init__(
+        self, model_path: str, load: Load, backend: CollectiveBackend, load_adapter: Callable[[str], None] | None = None
+    ) -> None:
         self.model_path = model_path
         self.load = load
+        self.load_adapter = load_adapter  # native LoRA: the engine takes a PEFT folder
+        self._adapter_dir: Path | None = None
         self.backend = backend  # collective_backend(cfg), chosen by the same function as the sender's
         self.version = 0
         self._base: dict[str, torch.Tensor] | None = None  # LoRA: the unmerged base, loaded on first use
@@ -53,9 +64,22 @@ class WeightReceiver:
                     pass
         else:
             named = unpack(update.tensors, await update.payload)
-            self.load(named if update.kind == "full" else self._merge_lora(dict(named), update.lora_scaling))
+            if update.kind == "full":
+                self.load(named)
+            elif self.load_adapter is not None:
+                self._load_native(dict(named), update.lora_scaling, update.version)
+            else:
+                self.load(self._merge_lora(dict(named), update.lora_scaling))
         self.version = update.version
         return update.version
+
+    def _load_native(self, adapter: dict[str, torch.Tensor], scaling: float, version: int) -> None:
+        previous = self._adapter_dir
+        self._adapter_dir = Path(tempfile.mkdtemp(prefix=f"agentrl-adapter-v{version}-"))
+        write_peft_adapter(self._adapter_dir, adapter, scaling, self.model_path)
+        self.load_adapter(str(self._adapter_dir))
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
 
     def _merge_lora(self, adapter: dict[str, torch.Tensor], scaling: float) -> list[tuple[str, torch.Tensor]]:
         if self._base is None:
@@ -85,3 +109,29 @@ def merge_lora(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], 
         w0 = base[prefix + ".weight"]
         merged[prefix + ".weight"] = (w0.float() + scaling * (b.float() @ a.float())).to(w0.dtype)
     return merged
+
+
+def write_peft_adapter(folder: Path, adapter: dict[str, torch.Tensor], scaling: float, base_model: str) -> None:
+    """The sync payload (`model.layers.0.self_attn.q_proj.lora_A`, ...) as a PEFT adapter folder that vLLM loads:
+    PEFT's tensor names and a config whose lora_alpha / r is the learner's scaling."""
+    tensors = {f"base_model.model.{name}.weight": t.contiguous() for name, t in adapter.items()}
+    a_tensors = [t for name, t in adapter.items() if name.endswith(".lora_A")]
+    if not a_tensors:
+        raise ValueError("weight sync: a LoRA update without any lora_A tensor")
+    rank = int(a_tensors[0].shape[0])  # lora_A: (r, in_features)
+    modules = sorted({name.removesuffix(".lora_A").rsplit(".", 1)[-1] for name in adapter if name.endswith(".lora_A")})
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": rank,
+        "lora_alpha": scaling * rank,
+        "target_modules": modules,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "use_rslora": False,
+        "fan_in_fan_out": False,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))

@@ -7,10 +7,12 @@ exactly the weights the learner saved (greedy tokens equal, log-probabilities wi
 further than that from the base model), like tests/ray/test_zero3.py. Engines run in float32 so that vLLM's CUDA
 kernels and transformers agree token for token; the learner trains in DeepSpeed's bf16 (its saved weights are bf16,
 the engines receive them cast to float32, and the reference loads the same bf16 files as float32).
-- 1 GPU, colocated: an engine and the learner rank share the GPU (fractional Ray GPUs, the 1-GPU plan).
+- 1 GPU, colocated: an engine and the learner rank share the GPU (fractional Ray GPUs, the 1-GPU plan), the engine
+  asleep (vLLM sleep mode, level 1) while the learner steps; a separate test measures the memory sleep frees.
 - 2 GPUs, separate: engine and learner on their own GPUs, weights over NCCL (sync.transport=collective).
 - ZeRO-3 on 2 GPUs: partitioned model, gathered sync and save, DeepSpeed's reconstruction equals the HF folder.
-- LoRA: adapter-only sync, the engine equals the merged peft model.
+- LoRA: adapter-only sync into vLLM's own LoRA support (a LoRARequest per version, rollout.lora_mode=auto on GPU),
+  the engine equals the merged peft model.
 """
 
 from pathlib import Path
@@ -75,11 +77,45 @@ def _check_full_model_run(overrides, builtin_model_path, tmp_path, name) -> Path
 def test_one_gpu_colocated(local_ray, builtin_model_path, tmp_path):
     _check_full_model_run(
         # NCCL cannot put two ranks of one group on the same GPU: colocated weights go through the object store.
-        ["placement.mode=colocated", "learner.num_workers=1", "sync.transport=object_store"],
+        # sleep_mode=always: the plan's auto would choose it for this layout; this pool is made without a plan.
+        ["placement.mode=colocated", "learner.num_workers=1", "sync.transport=object_store"]
+        + ["rollout.sleep_mode=always"],
         builtin_model_path,
         tmp_path,
         "colocated",
     )
+
+
+def test_engine_sleeps_between_rollouts_and_wakes_with_its_weights(local_ray, builtin_model_path):
+    """Sleep mode frees the engine's GPU memory (KV cache, weights to CPU) after a rollout; the next use wakes it with
+    the same weights (greedy tokens equal)."""
+    from transformers import AutoTokenizer
+
+    from agentrl_ray.config import load_config
+    from agentrl_ray.data import load_rows
+    from agentrl_ray.rollout.pool import RolloutPool
+
+    cfg = load_config(None, [*BASE, "rollout.sleep_mode=always", "rollout.gpu_memory_utilization=0.3"])
+    tok = AutoTokenizer.from_pretrained(builtin_model_path)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 12 * 7?"}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    rows = load_rows(cfg.data.train, cfg.data, split="train", size=4)
+    pool = RolloutPool.create(cfg, builtin_model_path)
+    try:
+        awake = pool.greedy([prompt], 8)[0][0][0]
+        free_awake = torch.cuda.mem_get_info()[0]
+        groups, _ = pool.sample(rows, 2, 1.0, seed=0)  # the engine sleeps when the rollout ends
+        assert len(groups) == 4
+        free_asleep = torch.cuda.mem_get_info()[0]
+        total = torch.cuda.mem_get_info()[1]
+        print(f"sleep freed {(free_asleep - free_awake) / 2**30:.2f} GiB of {total / 2**30:.0f} GiB")
+        assert free_asleep - free_awake > 0.1 * total  # most of the 30% it held (KV cache + weights)
+        assert pool.greedy([prompt], 8)[0][0][0] == awake  # woken by the call, weights back from CPU memory
+        groups, _ = pool.sample(rows, 2, 1.0, seed=1)
+        assert len(groups) == 4
+    finally:
+        pool.shutdown()
 
 
 @two_gpus
