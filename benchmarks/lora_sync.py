@@ -1,0 +1,94 @@
+"""LoRA weight sync on the engine side: merged into a copy of the base weights (`rollout.lora_mode=merge`, the CPU
+default) vs vLLM's own LoRA (`native`, the GPU default), on vLLM CPU. Per version: the time from push to every engine
+holding it (flush), then greedy generation speed with the adapter in place. Results go to docs/scaling.md.
+
+    python benchmarks/lora_sync.py                                  # the built-in model, r=16 on every projection
+    python benchmarks/lora_sync.py --model /path/to/model --rank 16 --versions 3 --out benchmarks/results/lora_sync.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def measure(mode: str, model_path: str, rank: int, versions: int, prompts: int, tokens: int) -> dict:
+    import ray
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from agentrl_ray.config import load_config
+    from agentrl_ray.learner.policy import lora_tensors
+    from agentrl_ray.rollout.pool import RolloutPool
+    from agentrl_ray.sync.sender import ObjectStoreSender
+
+    overrides = [
+        "profile=lora",
+        f"rollout.lora_mode={mode}",
+        f"learner.lora.r={rank}",
+        f"learner.lora.alpha={2 * rank}",
+    ]
+    cfg = load_config(None, [*overrides, "rollout.num_cpus_per_worker=1"])
+    pool = RolloutPool.create(cfg, model_path)
+    try:
+        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=cfg.learner.lora.target_modules)
+        model = get_peft_model(base, lora)
+        sync = ObjectStoreSender(lora_scaling=2.0)
+        sync.setup(pool.workers)
+        prompt = list(range(10, 50))
+        flush, gen = [], []
+        for version in range(1, versions + 1):
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    torch.nn.init.normal_(p, std=0.01)
+            sync.push(lora_tensors(model), version)
+            t0 = time.perf_counter()
+            sync.flush()
+            flush.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            pool.greedy([prompt] * prompts, tokens)
+            gen.append(prompts * tokens / (time.perf_counter() - t0))
+        adapter_mb = sum(t.numel() * 4 for _, t in lora_tensors(model)) / 2**20
+        params = sum(p.numel() for p in base.parameters())
+        return {
+            "mode": mode,
+            "params": params,
+            "adapter_mb": round(adapter_mb, 2),
+            "flush_s": [round(x, 3) for x in flush],
+            "greedy_tok_s": [round(x, 1) for x in gen],
+        }
+    finally:
+        pool.shutdown()
+        ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="", help="model folder (default: the built-in model)")
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--versions", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    import ray
+
+    from agentrl_ray.builtin_model import ensure_builtin_model
+
+    model_path = args.model or str(ensure_builtin_model())
+    results = []
+    for mode in ("merge", "native"):
+        ray.init(num_cpus=2, include_dashboard=False)
+        results.append(measure(mode, model_path, args.rank, args.versions, args.prompts, args.tokens))
+        print(json.dumps(results[-1]))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"model": model_path, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
