@@ -159,7 +159,7 @@ def test_lora_adapter_sync(local_ray, builtin_model_path, tmp_path):
 
     tok = AutoTokenizer.from_pretrained(builtin_model_path)
     overrides = ["profile=lora", "learner.use_gpu=true", "rollout.use_gpu=true", "learner.lora.r=4"]
-    overrides += ["placement.mode=colocated"]
+    overrides += ["placement.mode=colocated", "rollout.sleep_mode=always"]  # native LoRA through sleep/wake
     cfg, metrics, pool = _train_and_keep_engines(overrides, builtin_model_path, tmp_path, "lora")
     try:
         adapter = cfg.run_dir / "checkpoint_000002" / "adapter"
