@@ -4,7 +4,9 @@
 When this process is connected to a Ray cluster, or pointed at one (`RAY_ADDRESS`, which `ray job submit` also sets
 for the job's driver), that summary comes from the cluster's alive nodes (`ray.nodes()`), not from
 `detect_hardware()`: a CPU-only head node that submits to a GPU cluster gets the gpu profile, and a laptop driver
-does not size a cluster's actors by its own cores. Without a cluster, this machine (what a local Ray would be).
+does not size a cluster's actors by its own cores. Without a cluster, or when the cluster is this machine alone
+(one node, at this machine's address: a local `ray.init()`, or `ray start --head` here), this machine's own detection,
+which also knows the GPUs' memory and the cores this process may use.
 
 How a node list becomes one summary (`hardware_from_nodes`, a pure function):
 - gpus: all GPUs of the cluster. They decide cpu vs gpu; how many engines and learner ranks use them is the
@@ -45,16 +47,27 @@ def hardware_from_nodes(ray_nodes: list[dict[str, Any]]) -> Hardware:
     )
 
 
+def is_this_machine(ray_nodes: list[dict[str, Any]], ip: str) -> bool:
+    """One alive node, at this machine's address."""
+    alive = [n for n in ray_nodes if n.get("Alive", False)]
+    return len(alive) == 1 and alive[0].get("NodeManagerAddress") == ip
+
+
 def target_hardware() -> Hardware:
-    """The Ray cluster this process is connected to or pointed at (RAY_ADDRESS), else this machine."""
-    nodes = _cluster_nodes()
-    return detect_hardware() if nodes is None else hardware_from_nodes(nodes)
+    """The Ray cluster this process is connected to or pointed at (RAY_ADDRESS), unless that is this machine alone;
+    else this machine."""
+    found = _cluster_nodes()
+    if found is None or is_this_machine(*found):
+        return detect_hardware()
+    return hardware_from_nodes(found[0])
 
 
-def _cluster_nodes() -> list[dict[str, Any]] | None:
+def _cluster_nodes() -> tuple[list[dict[str, Any]], str] | None:
+    """(ray.nodes(), this machine's address as Ray sees it), or None without a cluster."""
     # Ray is imported only when a cluster is in play: parsing a config stays light otherwise.
     if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-        return sys.modules["ray"].nodes()
+        ray = sys.modules["ray"]
+        return ray.nodes(), ray.util.get_node_ip_address()
     address = os.environ.get("RAY_ADDRESS")
     if not address:
         return None
@@ -63,6 +76,6 @@ def _cluster_nodes() -> list[dict[str, Any]] | None:
     # A short connection just to read the nodes: the driver joins again later with its runtime environment.
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     try:
-        return ray.nodes()
+        return ray.nodes(), ray.util.get_node_ip_address()
     finally:
         ray.shutdown()

@@ -3,7 +3,7 @@
 
 import pytest
 
-from agentrl_ray.cluster_hardware import hardware_from_nodes
+from agentrl_ray.cluster_hardware import hardware_from_nodes, is_this_machine
 from agentrl_ray.placement import make_plan, nodes_from_ray
 from agentrl_ray.profiles import profile_preset, resolve_profile
 from agentrl_ray.sizing import cpus_requested
@@ -66,3 +66,14 @@ def test_one_gpu_node_sizes_a_one_gpu_run():
 def test_no_alive_node_is_an_error():
     with pytest.raises(ValueError, match="no alive nodes"):
         hardware_from_nodes([node(4, alive=False)])
+
+
+def test_a_cluster_that_is_this_machine_alone_uses_this_machines_detection():
+    # A local ray.init() declares what it is told (e.g. num_cpus=4 on 2 cores); this machine's own detection knows
+    # the real cores and the GPUs' memory. Several nodes, or one elsewhere, are the cluster.
+    here = {**node(4, head=True), "NodeManagerAddress": "10.0.0.5"}
+    other = {**node(8, node_id="b"), "NodeManagerAddress": "10.0.0.6"}
+    assert is_this_machine([here], "10.0.0.5")
+    assert is_this_machine([here, {**other, "Alive": False}], "10.0.0.5")
+    assert not is_this_machine([here, other], "10.0.0.5")
+    assert not is_this_machine([other], "10.0.0.5")
