@@ -43,7 +43,8 @@ cleanup() {
   # worker host's namespaces die with its sshd (their PID 1).
   if [ -n "${up:-}" ] && [ -z "${down:-}" ]; then "$ray_bin" down -y "$work/local.yaml" || true; fi
   if [ -f "$work/sshd.pid" ]; then kill "$(cat "$work/sshd.pid")" 2>/dev/null || true; fi
-  if [ -n "${worker_pid:-}" ]; then kill "$worker_pid" 2>/dev/null || true; wait "$worker_pid" 2>/dev/null || true; fi
+  # SIGKILL: unshare --fork outlives a SIGTERM; --kill-child then takes the sshd (PID 1 there) and its namespace.
+  if [ -n "${worker_pid:-}" ]; then kill -KILL "$worker_pid" 2>/dev/null || true; wait "$worker_pid" 2>/dev/null || true; fi
   ip netns del "$netns" 2>/dev/null || true
   ip link del agentrl_v0 2>/dev/null || true
   rm -rf "$wdir"
@@ -126,7 +127,9 @@ diff <(python -c "import yaml,sys; print(yaml.safe_dump(yaml.safe_load(open('$re
 
 # The client side ("your laptop"): a home of its own, so the token `ray get-auth-token --generate` writes there (and
 # that `ray up` copies to the host, file_mounts) is this cluster's only, not this machine's ~/.ray/auth_token.
-export HOME=$work/laptop RAY_AUTH_MODE=token
+# Autoscaler v1: the v2 autoscaler (the default since Ray 2.50) never launched the local provider's worker here (it
+# marked the head instance "no longer found" and kept "Adding 1 nodes" without launching); v1 does.
+export HOME=$work/laptop RAY_AUTH_MODE=token RAY_UP_enable_autoscaler_v2=0
 mkdir -p "$HOME"
 "$ray_bin" get-auth-token --generate > /dev/null
 cd "$repo"
