@@ -12,10 +12,17 @@ import torch
 
 from agentrl_ray.config import load_config
 from agentrl_ray.driver import train
+from agentrl_ray.rollout.recovery import RestartableEnvHost
+from agentrl_ray.rollout.worker import RolloutWorker
 
 pytestmark = pytest.mark.slow
 
-ROLES = {"rollout_node": "RolloutWorker", "env_node": "EnvHost", "learner_node": "RayTrainWorker"}
+# The actor classes Ray reports for each role (env hosts run as the restartable subclass: rollout/recovery.py).
+ROLES = {
+    "rollout_node": RolloutWorker.__name__,
+    "env_node": RestartableEnvHost.__name__,
+    "learner_node": "RayTrainWorker",
+}
 SMALL = [
     "profile=cpu",
     "rollout.prompts_per_step=2",
