@@ -82,12 +82,18 @@ def ensure_converter() -> Path:
         (sdist,) = Path(tmp).glob("*.tar.gz")
         staged = Path(tmp) / "llama.cpp"
         prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
+        # Python < 3.11.4 (e.g. Debian's 3.11.2) has no extraction filters: there the checks here stand alone
+        # (regular files and folders only, relative names without "..").
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         with tarfile.open(sdist) as tar:
             for member in tar.getmembers():
                 rel = member.name.removeprefix(prefix)
-                if member.name.startswith(prefix) and rel.startswith(_KEEP) and (member.isfile() or member.isdir()):
+                wanted = member.name.startswith(prefix) and rel.startswith(_KEEP)
+                inside = not Path(rel).is_absolute() and ".." not in Path(rel).parts
+                plain = (member.isfile() or member.isdir()) and inside
+                if wanted and plain:
                     member.name = rel
-                    tar.extract(member, staged, filter="data")
+                    tar.extract(member, staged, **safe)
         if not (staged / "convert_hf_to_gguf.py").is_file():
             raise RuntimeError(f"{sdist.name} has no vendor/llama.cpp/convert_hf_to_gguf.py")
         try:
