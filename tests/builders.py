@@ -34,3 +34,12 @@ def trajectory(prompt_id: str = "p0", sample_index: int = 0, reward: float = 0.0
         prompt_len=1,
     )
     return Trajectory(prompt_id=prompt_id, sample_index=sample_index, reward=reward, **{**base, **fields})
+
+
+def hidden_from_sandbox(path) -> bool:
+    """Whether a host path lies under a folder the sandbox replaces with its own private tmpfs (/tmp, /var/tmp,
+    /dev/shm): a sandboxed write there fails as "not found", elsewhere as "permission denied". A checkout cloned
+    under /tmp (as CI may do) is such a path."""
+    from pathlib import Path
+
+    return any(Path(path).resolve().is_relative_to(d) for d in ("/tmp", "/var/tmp", "/dev/shm"))

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from builders import hidden_from_sandbox
 
 from agentrl_ray.chat_format import (
     END_OF_TURN,
@@ -104,8 +105,7 @@ class Rollout:
 
 
 def _write_error(target: Path) -> str:
-    private = any(target.resolve().is_relative_to(d) for d in ("/tmp", "/var/tmp", "/dev/shm"))
-    return "No such file or directory" if private else "Permission denied"
+    return "No such file or directory" if hidden_from_sandbox(target) else "Permission denied"
 
 
 def rollouts(port: int, targets: list[Path]) -> list[Rollout]:
