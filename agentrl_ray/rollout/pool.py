@@ -80,7 +80,7 @@ class RolloutPool:
             for i, o in enumerate(engine_opts)
         ]
         ray.get([w.get_version.remote() for w in workers])  # surface engine start-up errors here
-        recovery = Recovery(workers, env_hosts, Deadlines.of(cfg), engine_restarts)
+        recovery = Recovery(workers, env_hosts, Deadlines.of(cfg), engine_restarts, restarts)
         recovery.remember()
         return cls(workers, env_hosts, recovery)
 

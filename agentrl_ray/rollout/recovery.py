@@ -46,16 +46,20 @@ class ActorFailed(RuntimeError):
 class Recovery:
     """The pool's actors by name, the process id each had when last seen, and how often each restarted."""
 
-    def __init__(self, workers: list[Any], env_hosts: list[Any], deadlines: Deadlines, max_restarts: int) -> None:
+    def __init__(
+        self, workers: list[Any], env_hosts: list[Any], deadlines: Deadlines, worker_restarts: int, host_restarts: int
+    ) -> None:
+        """`worker_restarts`/`host_restarts`: the `max_restarts` each role's actors were created with (workers get 0
+        under the collective transport, env hosts keep `recovery.max_actor_restarts`)."""
         self.actors = {f"rollout worker {i}": w for i, w in enumerate(workers)}
         self.actors.update({f"env host {i}": h for i, h in enumerate(env_hosts)})
+        self.bounds = {name: worker_restarts if name.startswith("rollout") else host_restarts for name in self.actors}
         self.deadlines = deadlines
-        self.max_restarts = max_restarts
         self.pids: dict[str, int] = {}
         self.restarts: Counter[str] = Counter()
         self.seconds_recovering = 0.0  # wall time spent in `recover` (reported by the chaos tests)
         # Redo rounds of one batch: each is caused by at least one restart, unless an actor is unreachable.
-        self.max_rounds = (max_restarts + 1) * len(self.actors) + 1
+        self.max_rounds = sum(bound + 1 for bound in self.bounds.values()) + 1
 
     def remember(self) -> None:
         """Take every actor's process id as the healthy baseline (after creation)."""
@@ -93,10 +97,10 @@ class Recovery:
         for name, pid in pids.items():
             if pid != self.pids.get(name):
                 self.restarts[name] += 1
-                log.warning("recovery: %s restarted (%d of %d)", name, self.restarts[name], self.max_restarts)
+                log.warning("recovery: %s restarted (%d of %d)", name, self.restarts[name], self.bounds[name])
         self.pids = pids
         self.seconds_recovering += time.perf_counter() - t0
-        over = [n for n, k in self.restarts.items() if k > self.max_restarts]
+        over = [n for n, k in self.restarts.items() if k > self.bounds[n]]
         if over:
             raise ActorFailed(self._bound_message(over[0]))
 
@@ -145,8 +149,9 @@ class Recovery:
 
     def _bound_message(self, name: str) -> str:
         return (
-            f"{name} failed and was restarted {self.restarts[name]} time(s); recovery.max_actor_restarts="
-            f"{self.max_restarts} allows no more (restarts so far: {dict(self.restarts) or 'none'})"
+            f"{name} failed and was restarted {self.restarts[name]} time(s); it may restart {self.bounds[name]} "
+            "time(s) (recovery.max_actor_restarts; 0 for rollout workers under sync.transport=collective, whose "
+            f"weight group cannot take a new member) (restarts so far: {dict(self.restarts) or 'none'})"
         )
 
 

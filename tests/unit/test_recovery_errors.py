@@ -20,3 +20,18 @@ def test_a_dead_worker_or_a_dead_env_host_behind_it_loses_the_work():
 def test_the_runs_own_errors_are_not_redone():
     assert not lost_to_an_actor(ValueError("prompt 3 is 400 tokens, over rollout.max_total_tokens=320"))
     assert not lost_to_an_actor(RayTaskError("rollout", "traceback", KeyError("answer")))
+
+
+def test_each_role_keeps_its_own_restart_bound():
+    """Under the collective transport rollout workers are created with max_restarts=0 (the weight group cannot take
+    a new member) while env hosts keep recovery.max_actor_restarts: a restarted env host must not end the run."""
+    from agentrl_ray.config import load_config
+    from agentrl_ray.deadlines import Deadlines
+    from agentrl_ray.rollout.recovery import Recovery
+
+    deadlines = Deadlines.of(load_config(None, ["profile=cpu"]))
+    recovery = Recovery(["w0", "w1"], ["h0"], deadlines, worker_restarts=0, host_restarts=3)
+    assert recovery.bounds == {"rollout worker 0": 0, "rollout worker 1": 0, "env host 0": 3}
+    recovery.restarts["env host 0"] = 2
+    assert "may restart 3 time(s)" in recovery._bound_message("env host 0")
+    assert recovery.max_rounds == 1 + 1 + 4 + 1
