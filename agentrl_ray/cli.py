@@ -124,12 +124,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     from agentrl_ray.driver import train
+    from agentrl_ray.types import RunStopped
 
     try:
         metrics = train(cfg)
     except ConfigError as exc:
         print(f"agentrl-ray: {exc}", file=sys.stderr)
         return 2
+    except RunStopped as exc:  # a guard stopped the run on purpose; its checkpoints are intact
+        print(f"agentrl-ray: the run stopped: {exc}", file=sys.stderr)
+        return 1
     evals = {k: round(v, 4) for k, v in metrics.items() if k.startswith("eval/")}
     print(f"done: {cfg.run_dir} {json.dumps(evals)}")
     return 0

@@ -320,6 +320,9 @@ class RecoveryConfig:
     """Seconds added to every derived deadline (weight loads, prefill, scheduling)."""
     actor_start_s: float = 600.0
     """Seconds a restarted actor may take to answer again (an engine loads its model anew)."""
+    learner_unresponsive_s: float = 600.0
+    """A learner rank that does not answer Ray Train's health check for this long (its process frozen or stuck
+    outside Python) is declared dead, and the learner restarts from the latest checkpoint like after a crash."""
 
 
 @dataclass
@@ -606,7 +609,10 @@ def validate(cfg: Config) -> None:
     rc = cfg.recovery
     need(rc.max_actor_restarts >= 0, "recovery.max_actor_restarts must be >= 0")
     need(rc.max_learner_failures >= 0, "recovery.max_learner_failures must be >= 0")
-    need(min(rc.decode_step_s, rc.slack_s, rc.actor_start_s) > 0, "recovery: deadlines must be > 0 seconds")
+    need(
+        min(rc.decode_step_s, rc.slack_s, rc.actor_start_s, rc.learner_unresponsive_s) > 0,
+        "recovery: deadlines must be > 0 seconds",
+    )
     for section, res in (("rollout", r.resources), ("env", cfg.env.resources), ("learner", lr.resources)):
         need(
             not ({"CPU", "GPU", "memory"} & set(res)),

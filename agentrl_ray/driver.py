@@ -6,6 +6,7 @@ RAY_ADDRESS (or the one a Ray job runs in) and otherwise starts a local Ray.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,12 +18,14 @@ from agentrl_ray.config import Config, ConfigError
 from agentrl_ray.data import load_rows
 from agentrl_ray.outputs import atomic_write_text
 from agentrl_ray.threads import ThreadPolicy
+from agentrl_ray.types import RunStopped
 
 log = logging.getLogger("agentrl_ray")
 # Ray folds log lines that differ only in numbers into "[repeated Nx]", which would hide most per-step lines. Read
 # once when Ray is imported, so set before that.
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 SNAPSHOT = resume.SNAPSHOT
+HEALTH_CHECK_TIMEOUT = "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S"  # Ray Train v2: recovery.learner_unresponsive_s
 
 
 def resolve_model(path: str) -> str:
@@ -102,6 +105,22 @@ def place(cfg: Config, model_path: str):
     return plan, reserve(plan, cfg.placement.timeout_s, name=f"agentrl-{cfg.run.name}-rollout"), storage
 
 
+@contextlib.contextmanager
+def learner_deadline(seconds: float):
+    """Ray Train's controller declares a learner rank dead when its health check hangs this long (a frozen process
+    answers nothing), and FailureConfig then restarts the learner. Ray Train reads the bound only from the
+    environment, which `fit()` hands from this process to its controller: set for the call, then put back."""
+    before = os.environ.get(HEALTH_CHECK_TIMEOUT)
+    os.environ[HEALTH_CHECK_TIMEOUT] = str(seconds)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(HEALTH_CHECK_TIMEOUT, None)
+        else:
+            os.environ[HEALTH_CHECK_TIMEOUT] = before
+
+
 def train(cfg: Config, pool=None) -> dict[str, Any]:
     """Run training end to end; returns the last reported metrics. `pool`: a RolloutPool to train with instead of
     new engines (tests inspect the engines afterwards); its owner shuts it down."""
@@ -155,7 +174,11 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
                 failure_config=ray.train.FailureConfig(max_failures=cfg.recovery.max_learner_failures),
             ),
         )
-        result = trainer.fit()
+        try:
+            with learner_deadline(cfg.recovery.learner_unresponsive_s):
+                result = trainer.fit()
+        finally:
+            stopped = metrics_log.stopped()  # a deliberate stop (types.RunStopped) says why in its own words
     finally:
         if own_pool:
             pool.shutdown()
@@ -163,6 +186,8 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
         ray.kill(metrics_log.actor)
     if cfg.run.plot and (cfg.run_dir / "metrics.jsonl").exists():
         plot_curves(cfg.run_dir / "metrics.jsonl", cfg.run_dir / "reward_curve.png")
+    if stopped is not None:
+        raise RunStopped(stopped)
     if result.error is not None:
         raise result.error
     metrics = dict(result.metrics or {})

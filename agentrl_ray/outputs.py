@@ -63,6 +63,7 @@ class MetricsLog:
         self.start = time.time()
         run_dir.mkdir(parents=True, exist_ok=True)
         self.wandb = None
+        self.stop_message: str | None = None
         if cfg.wandb:
             import wandb
 
@@ -97,6 +98,13 @@ class MetricsLog:
         if self.wandb is not None:
             self.wandb.finish()
 
+    def stop(self, message: str) -> None:
+        """A learner rank stops the run on purpose (types.RunStopped); the first message is kept."""
+        self.stop_message = self.stop_message or message
+
+    def stopped(self) -> str | None:
+        return self.stop_message
+
 
 class LogClient:
     """Learner rank 0's handle to the `MetricsLog` actor on the driver's node. Each call waits for the write (a
@@ -122,6 +130,18 @@ class LogClient:
         import ray
 
         ray.get(self.actor.close.remote())
+
+    def stop(self, message: str) -> None:
+        """Record a deliberate stop (any rank) before raising it, so that a retried attempt does not redo it."""
+        import ray
+
+        ray.get(self.actor.stop.remote(message))
+
+    def stopped(self) -> str | None:
+        """The message of a deliberate stop of this run (this driver's), or None."""
+        import ray
+
+        return ray.get(self.actor.stopped.remote())
 
 
 def start_driver_log(run_dir: Path, cfg: RunConfig, full_config: dict[str, Any], total_steps: int) -> LogClient:

@@ -10,7 +10,9 @@ folder, `prepare` on the checkpoint folder when it is local; cloud storage is le
 3. Otherwise the snapshot is moved aside (`*.corrupt-<time>`), so is an unverifiable latest checkpoint folder,
    and `prepare` returns the newest checkpoint folder that verifies: the driver passes it to the learner in its
    loop config (`resume_from`), which loads it when Ray Train has no checkpoint of its own (Ray Train v2 refuses
-   `resume_from_checkpoint`). None verifying is a ConfigError that says what was found.
+   `resume_from_checkpoint`). None verifying is a ConfigError that says what was found, unless Ray Train never
+   wrote its snapshot: then the run died while writing its first checkpoint, nothing was committed, and the
+   resumed run starts from step 0 (what the uninterrupted run did; the torn folder is moved aside).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def prepare(run_dir: Path) -> Path | None:
     """`run_dir` is the run's checkpoint folder (`run.storage_path`/name, local). Returns a checkpoint folder to
     resume from explicitly, or None when Ray Train's own snapshot is sound (see the module docstring)."""
     snapshot = run_dir / SNAPSHOT
+    committed = snapshot.exists()  # Ray Train writes it once a checkpoint is complete
     try:
         latest = json.loads(snapshot.read_text())["latest_checkpoint_result"]["checkpoint_dir_name"]
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -47,11 +50,12 @@ def prepare(run_dir: Path) -> Path | None:
         )
         _move_aside(run_dir / latest)
     _move_aside(snapshot)
-    return newest_verified(run_dir)
+    return newest_verified(run_dir, committed)
 
 
-def newest_verified(run_dir: Path) -> Path:
-    """The checkpoint folder with the highest step that verifies; moves the ones that do not aside."""
+def newest_verified(run_dir: Path, committed: bool = True) -> Path | None:
+    """The checkpoint folder with the highest step that verifies; moves the ones that do not aside. None when none
+    verifies and none was ever `committed` (no snapshot): the run starts from step 0."""
     found = []
     for folder in sorted((p for p in run_dir.iterdir() if _CHECKPOINT_DIR.match(p.name)), reverse=True):
         problem = verify_checkpoint(folder)
@@ -60,6 +64,14 @@ def newest_verified(run_dir: Path) -> Path:
             return folder
         found.append(f"{folder.name}: {problem}")
         _move_aside(folder)
+    if not committed:
+        log.warning(
+            "resume: no checkpoint of %s was ever completed (%s): the run died while writing its first one; "
+            "starting from step 0",
+            run_dir,
+            "; ".join(found) or "no checkpoint_* folders",
+        )
+        return None
     raise ConfigError(
         f"run.resume=true but no checkpoint in {run_dir} can be loaded ("
         + ("; ".join(found) or "no checkpoint_* folders")

@@ -18,6 +18,14 @@ from typing import Any
 import torch
 
 
+class RunStopped(RuntimeError):
+    """The run stops on purpose: a guard found that going on would train on garbage or cannot work (NaN/inf steps in
+    a row, an actor past its restart bound, batches older than `sync.max_staleness`, a reward function failing on
+    every sample). Unlike a crash, Ray Train must not retry it from a checkpoint, which would only meet it again: the
+    learner records it with the driver's log actor before raising (`learner/loop.py`), a retried attempt ends at once,
+    and the driver raises it with its own message."""
+
+
 class TokenRole(enum.IntEnum):
     """Who produced a token: the one spelling used by the agent loop, the chat format and the masks."""
 

@@ -16,7 +16,7 @@ import torch
 
 from agentrl_ray.algorithms import dynamic_sampling_keep
 from agentrl_ray.config import Config
-from agentrl_ray.types import RolloutTimings, TrajectoryGroup
+from agentrl_ray.types import RolloutTimings, RunStopped, TrajectoryGroup
 
 
 class PromptSampler:
@@ -121,7 +121,7 @@ def keep_varied(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
 def check_staleness(groups: list[TrajectoryGroup], step: int, version: int, max_staleness: int) -> None:
     stale = [g.prompt_id for g in groups if g.min_policy_version < version - max_staleness]
     if stale:
-        raise RuntimeError(
+        raise RunStopped(
             f"step {step}: groups {stale[:3]} were sampled by a policy older than version {version} - "
             f"{max_staleness} (sync.max_staleness): the weight sync did not reach every rollout worker"
         )

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from agentrl_ray.types import RunStopped
+
 
 def step_is_finite(policy, losses_finite: bool) -> bool:
     """True when this rank's losses and the (already all-reduced) gradients are finite, on every rank."""
@@ -28,7 +30,7 @@ def step_is_finite(policy, losses_finite: bool) -> bool:
 def skip_step(policy, step: int) -> None:
     """Drop this step's gradients without touching the weights or the optimizer state."""
     if policy.engine is not None:
-        raise RuntimeError(
+        raise RunStopped(
             f"step {step}: the loss or the gradients are NaN/inf, and a DeepSpeed step cannot be skipped: stopping "
             "with the last checkpoint's weights intact (lower learner.lr, check rewards and learner.max_grad_norm)"
         )
@@ -37,7 +39,7 @@ def skip_step(policy, step: int) -> None:
 
 def check_consecutive(skipped_in_a_row: int, limit: int, step: int) -> None:
     if skipped_in_a_row >= limit:
-        raise RuntimeError(
+        raise RunStopped(
             f"step {step}: {skipped_in_a_row} steps in a row had a NaN/inf loss or gradient "
             f"(learner.max_nonfinite_steps={limit}); every update was skipped, the weights are those before the "
             "first of them. Stopping: lower learner.lr, check the rewards, or raise learner.max_nonfinite_steps"

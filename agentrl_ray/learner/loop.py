@@ -29,7 +29,7 @@ from agentrl_ray.learner.schedule import lr_at
 from agentrl_ray.learner.watch import RunWatch
 from agentrl_ray.outputs import eval_text
 from agentrl_ray.sync.sender import make_sender
-from agentrl_ray.types import RolloutTimings, TrajectoryGroup
+from agentrl_ray.types import RolloutTimings, RunStopped, TrajectoryGroup
 
 
 def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int, pad_id: int) -> dict[str, float]:
@@ -213,6 +213,20 @@ def restore(policy: Policy, fallback: str | None = None) -> dict[str, Any] | Non
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Ray Train's entry point on every learner rank. A deliberate stop (`RunStopped`) is recorded with the driver's
+    log actor before it is raised: Ray Train's FailureConfig retries every error of the worker group, and the
+    retried attempt then ends at once instead of loading the checkpoint to meet the same stop again."""
+    log = config["log"]
+    if log.stopped() is not None:
+        return
+    try:
+        _train_loop(config)
+    except RunStopped as err:
+        log.stop(str(err))
+        raise
+
+
+def _train_loop(config: dict[str, Any]) -> None:
     import ray.train
     from transformers import AutoTokenizer
 
@@ -290,9 +304,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 if groups
                 else {"reward/mean": 0.0, "rollout/success": 0.0, "rollout/sampled_tokens": 0}
             )
-            stop = watch.after_step(done, groups, metrics)
-            log.log(done, metrics)
-            log.print_step(done, metrics)
+            try:
+                stop = watch.after_step(done, groups, metrics)
+            finally:  # the step that trips a guard (e.g. reward.max_failing_steps) is logged too
+                log.log(done, metrics)
+                log.print_step(done, metrics)
         stop = broadcast_groups(stop, world)  # every rank stops at the same step
         if (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0) or done == cfg.run.steps or stop:
             in_flight = batch_state(feed.ready) if rank == 0 else {}

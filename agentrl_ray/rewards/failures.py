@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentrl_ray.types import RunStopped
+
 
 class RewardFailureWatch:
     def __init__(self, specs: list[str], names: list[str], limit: int) -> None:
@@ -25,7 +27,7 @@ class RewardFailureWatch:
             failed_everywhere = float(metrics.get(f"reward/{name}/error", 0.0)) >= 1.0 - 1e-9
             self.in_a_row[i] = self.in_a_row[i] + 1 if failed_everywhere else 0
             if self.in_a_row[i] >= self.limit:
-                raise RuntimeError(
+                raise RunStopped(
                     f"step {step}: reward function {name!r} (reward.functions[{i}] = {self.specs[i]!r}) failed on "
                     f"every sample for {self.in_a_row[i]} steps in a row (reward.max_failing_steps={self.limit}); "
                     "its rewards were all zeros, so training would follow noise. Stopping: its error is in the "

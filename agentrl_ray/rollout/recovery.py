@@ -27,6 +27,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from agentrl_ray.deadlines import Deadlines
 from agentrl_ray.envs.host import EnvHost
+from agentrl_ray.types import RunStopped
 
 log = logging.getLogger("agentrl_ray")
 DEAD_AFTER_S = 30.0  # an actor whose calls fail at once for this long is dead for good, not restarting
@@ -39,7 +40,7 @@ class RestartableEnvHost(EnvHost):
         return os.getpid()
 
 
-class ActorFailed(RuntimeError):
+class ActorFailed(RunStopped):
     """An actor died past its restart bound (or Ray could not restart it): the run cannot go on."""
 
 

@@ -37,10 +37,10 @@ SMALL = [
 ]
 
 
-def _run(tmp_path, name, chaos=None):
+def _run(tmp_path, name, chaos=None, extra=()):
     """Train with a pool the test can reach; `chaos(pool)` runs in a thread beside the run. Returns (final weights,
-    metrics records, the pool's actor pids before and after)."""
-    cfg = load_config(None, [*SMALL, f"run.output_dir={tmp_path}", f"run.name={name}"])
+    metrics records, the pool's actor pids before and after). `extra`: overrides that change no result (deadlines)."""
+    cfg = load_config(None, [*SMALL, *extra, f"run.output_dir={tmp_path}", f"run.name={name}"])
     pool = RolloutPool.create(cfg, str(_model_path(cfg)))
     try:
         before = _pids(pool)
@@ -221,3 +221,94 @@ def test_a_killed_learner_worker_resumes_from_the_latest_checkpoint(reference, t
     # Its step times are the new attempt's: the restart shows in the run's wall time instead.
     print(f"SIGKILL learner worker: run took {wall:.1f} s, uninterrupted {reference[3]:.1f} s")
     _check_same_run(reference, weights, records, "SIGKILL learner worker")
+
+
+def test_a_frozen_learner_worker_is_declared_dead_at_its_deadline(reference, tmp_path):
+    """SIGSTOP the learner worker mid-rollout: Ray Train's health check of it hangs, and past
+    `recovery.learner_unresponsive_s` the controller declares it dead, kills it, and FailureConfig restarts the
+    learner from the latest checkpoint, as after a SIGKILL."""
+    import psutil
+
+    frozen = []
+
+    def chaos(pool, run_dir):
+        _when_rollout_is_out(pool, run_dir)
+        for pid in _learner_pids():
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
+
+    try:
+        weights, records, before, after, wall = _run(
+            tmp_path, "frozen-learner", chaos, ["recovery.learner_unresponsive_s=10"]
+        )
+        gone = [not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE for pid in frozen]
+    finally:
+        for pid in frozen:  # never leave a stopped process behind if recovery failed
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert frozen and all(gone) and after == before  # the frozen learner was killed; the rollout actors left alone
+    print(f"SIGSTOP learner worker: run took {wall:.1f} s, uninterrupted {reference[3]:.1f} s (deadline 10 s)")
+    _check_same_run(reference, weights, records, "SIGSTOP learner worker")
+
+
+def _freeze_then_kill(driver) -> None:
+    """SIGKILL the driver and every process it started (its local Ray, engines, learner: a head machine that dies).
+    The tree is frozen first (SIGSTOP, process by process as it is found), so that no step ends while it is listed."""
+    import psutil
+
+    frozen, seen = [], set()
+    while True:  # a process may start children while its parents are being frozen: list again until none is new
+        try:
+            tree = [psutil.Process(driver.pid), *psutil.Process(driver.pid).children(recursive=True)]
+        except psutil.Error:
+            break
+        new = [p for p in tree if p.pid not in seen]
+        if not new:
+            break
+        for proc in new:
+            seen.add(proc.pid)
+            try:
+                proc.suspend()
+                frozen.append(proc)
+            except psutil.Error:  # gone meanwhile
+                pass
+    for proc in frozen:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+
+
+def test_a_killed_driver_process_resumes_bit_identical(reference, tmp_path):
+    """The real thing the resume tests above recreate on disk: `agentrl-ray train` as its own process is SIGKILLed
+    with everything it started once checkpoint 1 is on disk (steps 2 and 3 under way or not begun), and
+    `run.resume=true` in a new process then ends with the uninterrupted run's weights."""
+    import subprocess
+    import sys
+
+    cli = [sys.executable, "-m", "agentrl_ray.cli", "train", *SMALL, f"run.output_dir={tmp_path}", "run.name=driver"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, as a user's run
+    run_dir = tmp_path / "driver"
+    log_path = tmp_path / "driver.log"
+    log = log_path.open("wb")  # a file, not a pipe: vLLM's logs would fill a pipe and block it
+    driver = subprocess.Popen(cli, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while not (run_dir / "checkpoint_000001" / "trainer_state.pt").exists():
+            assert driver.poll() is None, log_path.read_text()[-3000:]
+            time.sleep(0.02)
+        _freeze_then_kill(driver)
+        driver.wait(timeout=60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        log.close()
+    assert driver.returncode == -signal.SIGKILL, log_path.read_text()[-3000:]
+    done_before = sorted(p.name for p in run_dir.glob("checkpoint_*"))
+    print(f"driver SIGKILL: checkpoints on disk when it died: {done_before}")
+    assert f"checkpoint_{STEPS:06d}" not in done_before, "the run ended before the kill: nothing to resume"
+    done = subprocess.run([*cli, "run.resume=true"], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    _check_same_run(reference, _final_weights(run_dir), records, "driver SIGKILL, then run.resume=true")

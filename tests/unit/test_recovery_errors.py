@@ -4,6 +4,8 @@ types, no cluster needed."""
 
 from __future__ import annotations
 
+import pytest
+from builders import trajectory
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
 from agentrl_ray.rollout.recovery import lost_to_an_actor
@@ -35,3 +37,44 @@ def test_each_role_keeps_its_own_restart_bound():
     recovery.restarts["env host 0"] = 2
     assert "may restart 3 time(s)" in recovery._bound_message("env host 0")
     assert recovery.max_rounds == 1 + 1 + 4 + 1
+
+
+def test_every_deliberate_stop_is_a_run_stopped_and_no_crash_is():
+    """What the learner records as a deliberate stop (so that Ray Train's retry ends at once, learner/loop.py): the
+    guards' errors are RunStopped, including ActorFailed; the errors of a crash are not."""
+    from agentrl_ray.learner import guards
+    from agentrl_ray.learner.feed import check_staleness
+    from agentrl_ray.rewards.failures import RewardFailureWatch
+    from agentrl_ray.rollout.recovery import ActorFailed
+    from agentrl_ray.types import RunStopped, TrajectoryGroup
+
+    assert issubclass(ActorFailed, RunStopped)
+    with pytest.raises(RunStopped, match="learner.max_nonfinite_steps=2"):
+        guards.check_consecutive(2, 2, step=5)
+    watch = RewardFailureWatch(["my.module:score"], ["score"], limit=1)
+    with pytest.raises(RunStopped, match="reward.max_failing_steps=1"):
+        watch.update(1, {"reward/score/error": 1.0})
+    old = TrajectoryGroup(prompt_id="p0", trajectories=[trajectory(policy_version=0)])
+    with pytest.raises(RunStopped, match="sync.max_staleness"):
+        check_staleness([old], step=4, version=4, max_staleness=1)
+    assert not issubclass(RayTaskError, RunStopped) and not issubclass(ActorDiedError, RunStopped)
+
+
+def test_the_learner_deadline_is_set_for_the_fit_and_put_back(monkeypatch):
+    """Ray Train takes its worker health-check timeout from the driver's environment at fit(); the driver sets it
+    from recovery.learner_unresponsive_s for that call only and leaves a user's own value as it was."""
+    import os
+
+    from agentrl_ray.config import ConfigError, load_config
+    from agentrl_ray.driver import HEALTH_CHECK_TIMEOUT, learner_deadline
+
+    monkeypatch.delenv(HEALTH_CHECK_TIMEOUT, raising=False)
+    with learner_deadline(42.0):
+        assert os.environ[HEALTH_CHECK_TIMEOUT] == "42.0"
+    assert HEALTH_CHECK_TIMEOUT not in os.environ
+    monkeypatch.setenv(HEALTH_CHECK_TIMEOUT, "7")
+    with learner_deadline(42.0):
+        assert os.environ[HEALTH_CHECK_TIMEOUT] == "42.0"
+    assert os.environ[HEALTH_CHECK_TIMEOUT] == "7"
+    with pytest.raises(ConfigError, match="deadlines must be > 0"):
+        load_config(None, ["profile=cpu", "recovery.learner_unresponsive_s=0"])

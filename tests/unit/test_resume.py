@@ -105,6 +105,19 @@ def test_no_usable_checkpoint_is_a_clear_error(tmp_path):
         resume.prepare(run_dir)
 
 
+def test_a_first_checkpoint_torn_before_any_was_committed_starts_from_step_0(tmp_path, caplog):
+    """A driver killed while its first checkpoint was written (seen in tests/ray/test_chaos.py's real SIGKILL):
+    the folder is torn and Ray Train never wrote its snapshot. Nothing was committed, so resuming starts from step 0,
+    as the uninterrupted run did; with a snapshot, none verifying stays an error (above)."""
+    run_dir = make_run(tmp_path, steps=(1,))
+    (run_dir / resume.SNAPSHOT).unlink()
+    truncate(run_dir / "checkpoint_000001" / resume.TRAINER_STATE)
+    with caplog.at_level(logging.WARNING, logger="agentrl_ray.resume"):
+        assert resume.prepare(run_dir) is None
+    assert "no checkpoint of" in caplog.text and "starting from step 0" in caplog.text
+    assert not (run_dir / "checkpoint_000001").exists()  # moved aside: the new run writes its own
+
+
 def test_torn_last_metrics_line_is_cut_with_a_warning(tmp_path, caplog):
     run_dir = make_run(tmp_path)
     path = run_dir / "metrics.jsonl"
