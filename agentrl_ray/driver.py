@@ -145,7 +145,10 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
     threads = ThreadPolicy.of(cfg)  # the CPU/overlap policy of every actor, with the plan's counts
     own_pool = pool is None
     try:
-        pool = RolloutPool.create(cfg, model_path, threads, placed) if own_pool else pool
+        # The learner starts while the engines do (learner rank 0 waits for them), except where an engine shares
+        # its GPU with a learner rank: vLLM sizes its KV cache from the GPU memory free while it starts.
+        overlap = plan.mode != "colocated"
+        pool = RolloutPool.create(cfg, model_path, threads, placed, wait=not overlap) if own_pool else pool
     except BaseException:
         placed.release()
         raise

@@ -248,6 +248,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     if rank == 0:
         watch = RunWatch(cfg, config["train_rows"])
         sender = make_sender(cfg, policy.lora_scaling)
+        pool.ready()  # the engines started while this learner did (driver.train)
         sender.setup(pool.workers)
         feed = RolloutFeed(pool, sender, sampler, cfg)
         log = config["log"]  # outputs.LogClient: records go to the driver's node (storage.py)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from agentrl_ray.config import Config
 from agentrl_ray.deadlines import Deadlines
@@ -40,12 +41,16 @@ class RolloutPool:
         self.env_hosts = env_hosts
         self.recovery = recovery  # None: a failed actor fails the call (pools built by hand in tests)
         self.latest: WeightUpdate | None = None  # the newest weights handed to the workers: a restarted one's
+        self.started = False  # every engine answered once (`ready`)
 
     @classmethod
-    def create(cls, cfg: Config, model_path: str, threads: ThreadPolicy | None = None, placed=None) -> RolloutPool:
+    def create(
+        cls, cfg: Config, model_path: str, threads: ThreadPolicy | None = None, placed=None, wait: bool = True
+    ) -> RolloutPool:
         """Start the env hosts and rollout workers; `threads`: the run's policy (the driver's), else from `cfg`;
         `placed`: the reserved placement plan (`cluster.Reserved`) that says where each actor runs; without it
-        (tests on one local node) actors take their CPUs anywhere."""
+        (tests on one local node) actors take their CPUs anywhere. `wait=False` returns while the engines start
+        (the driver starts the learner meanwhile; learner rank 0 calls `ready` before first use)."""
         threads = threads or ThreadPolicy.of(cfg)
         r = cfg.rollout
         env_opts = placed.env_options() if placed else [{"num_cpus": cfg.env.num_cpus_per_actor}] * cfg.env.num_actors
@@ -79,10 +84,24 @@ class RolloutPool:
             )
             for i, o in enumerate(engine_opts)
         ]
-        ray.get([w.get_version.remote() for w in workers])  # surface engine start-up errors here
-        recovery = Recovery(workers, env_hosts, Deadlines.of(cfg), engine_restarts, restarts)
-        recovery.remember()
-        return cls(workers, env_hosts, recovery)
+        pool = cls(workers, env_hosts, Recovery(workers, env_hosts, Deadlines.of(cfg), engine_restarts, restarts))
+        if wait:
+            pool.ready()
+        return pool
+
+    def ready(self) -> None:
+        """Wait until every engine has started (its start-up error is raised here, as a deliberate stop: a learner
+        retry would not fix it) and take the actors' process ids as recovery's baseline. Idempotent."""
+        if self.started:
+            return
+        timeout = self.recovery.deadlines.actor_start_s if self.recovery else None
+        try:
+            ray.get([w.get_version.remote() for w in self.workers], timeout=timeout)
+        except (RayActorError, GetTimeoutError) as err:
+            raise ActorFailed(f"a rollout engine did not start: {err}") from err
+        if self.recovery:
+            self.recovery.remember()
+        self.started = True
 
     @property
     def num_workers(self) -> int:
