@@ -132,6 +132,15 @@ def test_a_killed_actor_is_restarted_and_its_lost_work_redone(reference, tmp_pat
     _check_same_run(reference, weights, records, f"SIGKILL {target}")
 
 
+def _thaw(pids):
+    """Never leave a stopped process behind if recovery failed."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def test_a_frozen_rollout_worker_is_killed_at_its_deadline(reference, tmp_path):
     stopped = []
 
@@ -144,11 +153,7 @@ def test_a_frozen_rollout_worker_is_killed_at_its_deadline(reference, tmp_path):
     try:
         weights, records, before, after, wall = _run(tmp_path, "frozen", chaos)
     finally:
-        for pid in stopped:  # never leave a stopped process behind if recovery failed
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        _thaw(stopped)
     assert stopped and after[0] != before[0]  # the frozen engine was killed at its deadline and restarted
     _report("SIGSTOP rollout worker", records, reference)
     _check_same_run(reference, weights, records, "SIGSTOP rollout worker")
@@ -243,11 +248,7 @@ def test_a_frozen_learner_worker_is_declared_dead_at_its_deadline(reference, tmp
         )
         gone = [not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE for pid in frozen]
     finally:
-        for pid in frozen:  # never leave a stopped process behind if recovery failed
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        _thaw(frozen)
     assert frozen and all(gone) and after == before  # the frozen learner was killed; the rollout actors left alone
     print(f"SIGSTOP learner worker: run took {wall:.1f} s, uninterrupted {reference[3]:.1f} s (deadline 10 s)")
     _check_same_run(reference, weights, records, "SIGSTOP learner worker")
