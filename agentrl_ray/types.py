@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # annotations only: env hosts import this module and never need torch (~150 MB, 1.5 s each)
+    import torch
 
 
 class RunStopped(RuntimeError):
