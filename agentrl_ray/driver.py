@@ -121,6 +121,15 @@ def learner_deadline(seconds: float):
             os.environ[HEALTH_CHECK_TIMEOUT] = before
 
 
+def _stop_message(metrics_log) -> str | None:
+    """The learner's deliberate stop, if any; None when the log actor cannot say (Ray itself is going down: the
+    error on its way out is the one to see)."""
+    try:
+        return metrics_log.stopped()
+    except Exception:
+        return None
+
+
 def train(cfg: Config, pool=None) -> dict[str, Any]:
     """Run training end to end; returns the last reported metrics. `pool`: a RolloutPool to train with instead of
     new engines (tests inspect the engines afterwards); its owner shuts it down."""
@@ -181,7 +190,7 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
             with learner_deadline(cfg.recovery.learner_unresponsive_s):
                 result = trainer.fit()
         finally:
-            stopped = metrics_log.stopped()  # a deliberate stop (types.RunStopped) says why in its own words
+            stopped = _stop_message(metrics_log)  # a deliberate stop (types.RunStopped) says why in its own words
     finally:
         if own_pool:
             pool.shutdown()
