@@ -1,8 +1,9 @@
 """The placement plan on a live Ray cluster: read the nodes, reserve the plan's placement groups, hand out the
 scheduling options of every actor and the learner's ScalingConfig.
 
-Every bundle is pinned to the node the plan chose through Ray's built-in `ray.io/node-id` label, so what runs
-where is the plan's decision, not the scheduler's. Reserving waits at most `placement.timeout_s`: a cluster that
+Every bundle is pinned to the node the plan chose through Ray's built-in `ray.io/node-id` label (by excluding the
+plan's other nodes, so that a lost node's bundles can move to its replacement: `pin`), so what runs where is the
+plan's decision, not the scheduler's. Reserving waits at most `placement.timeout_s`: a cluster that
 cannot hold the plan (another job took the resources, a node died since the plan was made) fails with the plan and
 what is free, never hangs.
 """
@@ -93,7 +94,7 @@ def reserve(plan: Plan, timeout_s: float, name: str = "") -> Reserved:
         [res for _, res in plan.bundles],
         strategy="PACK",
         name=name,
-        bundle_label_selector=[{NODE_LABEL: node_id} for node_id, _ in plan.bundles],
+        bundle_label_selector=[pin(node_id, plan) for node_id, _ in plan.bundles],
     )
     if not group.wait(timeout_seconds=timeout_s):
         remove_placement_group(group)
@@ -104,6 +105,15 @@ def reserve(plan: Plan, timeout_s: float, name: str = "") -> Reserved:
             f"or a node left. The plan:\n{plan.describe()}"
         )
     return Reserved(plan, group)
+
+
+def pin(node_id: str, plan: Plan) -> dict[str, str]:
+    """The label selector that holds a bundle (or learner rank) to its planned node: "none of the other nodes the
+    plan saw", not "this node". While the cluster is as planned the two are the same; but when the node dies, Ray
+    reschedules the bundle and restarts its actors (Ray Train its worker group) on a node that joined since, such
+    as the replacement an autoscaler adds, where a selector naming the dead node could never be met again."""
+    others = sorted(n.node_id for n in plan.nodes if n.node_id != node_id)
+    return {NODE_LABEL: f"!in({','.join(others)})"} if others else {}
 
 
 def check_nodes_see(root: str, model_folder: str | None, plan: Plan) -> None:
@@ -191,7 +201,7 @@ def learner_scaling(plan: Plan, use_gpu: bool):
         use_gpu=use_gpu,
         resources_per_worker=res,
         placement_strategy="PACK",
-        label_selector=[{NODE_LABEL: s.node_id} for s in plan.learners],
+        label_selector=[pin(s.node_id, plan) for s in plan.learners],
     )
 
 

@@ -104,6 +104,23 @@ def test_custom_resources_split_roles_over_three_nodes():
     assert [s.node_id for s in plan.engines + plan.env_hosts + plan.learners] == ["node1", "node2", "node3"]
 
 
+def test_a_slot_is_pinned_by_excluding_the_plans_other_nodes():
+    """While the cluster is as planned only the planned node qualifies; a node that joins later (the replacement of
+    a lost one) does too, so Ray can reschedule a dead node's bundles there (tests/ray/test_node_loss.py)."""
+    from ray._private.label_utils import validate_label_selector
+
+    from agentrl_ray.cluster import NODE_LABEL, pin
+
+    nodes = nodes_from_spec('[{"CPU": 0, "head": true}, {"count": 3, "CPU": 2}]')
+    plan = make_plan(nodes, _cfg("profile=cpu"))
+    selector = pin(plan.engines[0].node_id, plan)
+    others = sorted({"node0", "node1", "node2", "node3"} - {plan.engines[0].node_id})
+    assert selector == {NODE_LABEL: f"!in({','.join(others)})"}
+    assert validate_label_selector(selector) is None  # Ray's own check of the syntax
+    alone = make_plan(nodes_from_spec('[{"CPU": 4}]'), _cfg("profile=cpu"))
+    assert pin(alone.engines[0].node_id, alone) == {}  # one node: nothing to exclude
+
+
 @pytest.mark.parametrize(
     "spec, overrides, message",
     [
