@@ -23,7 +23,7 @@ from collections import Counter
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from agentrl_ray.deadlines import Deadlines
 from agentrl_ray.envs.host import EnvHost
@@ -121,7 +121,8 @@ class Recovery:
     def _pids(self, timeout_s: float) -> dict[str, int]:
         """Every actor's process id, waiting up to `timeout_s` for each to come back from a restart. A call that
         reaches an actor in the moment between its death and Ray's notice of it fails at once: it is repeated, for
-        `DEAD_AFTER_S`; an actor that keeps failing so long is gone for good (past `max_restarts`)."""
+        `DEAD_AFTER_S`; an actor that keeps failing so long is gone for good (past `max_restarts`). One that Ray
+        reports as restarting (`ActorUnavailableError`) is waited for until `timeout_s`."""
         end = time.monotonic() + timeout_s
         pids = {}
         for name, actor in self.actors.items():
@@ -132,6 +133,13 @@ class Recovery:
                 except GetTimeoutError as err:
                     message = f"{name} did not answer within {timeout_s:.0f} s (recovery.actor_start_s)"
                     raise ActorFailed(message) from err
+                except ActorUnavailableError as err:
+                    # Ray says "restarting": not dead, however long it takes (a lost node is noticed after Ray's
+                    # health checks, then the actor waits for room on another node and loads its model anew).
+                    if time.monotonic() > end:
+                        message = f"{name} did not come back within {timeout_s:.0f} s (recovery.actor_start_s)"
+                        raise ActorFailed(f"{message}: {_first_line(err)}") from err
+                    time.sleep(1.0)
                 except RayActorError as err:
                     failing_since = failing_since or time.monotonic()
                     if time.monotonic() - failing_since > DEAD_AFTER_S:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 import ray
-from test_chaos import SMALL, _check_same_run, _final_weights, _pids, _report, _when_rollout_is_out
+from test_chaos import SMALL, _check_same_run, _final_weights, _pids, _report
 
 from agentrl_ray.cluster import apply_plan, plan_for_cluster, reserve
 from agentrl_ray.config import load_config
@@ -46,7 +47,7 @@ def cluster(builtin_model_path):
     if ray.is_initialized():
         ray.shutdown()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    c.add_node(num_cpus=2, resources={"learner_node": 10})
+    c.add_node(num_cpus=4, resources={"learner_node": 10})  # the cpu profile asks 2.45
     c.rollout_node = c.add_node(**ROLLOUT_NODE)
     c.wait_for_nodes()
     ray.init(address=c.address)
@@ -57,7 +58,8 @@ def cluster(builtin_model_path):
 
 def _run(out, name, chaos=None):
     """Train with a pool placed the way the driver places its own (the plan's placement group, pinned to the planned
-    node), which the test can reach; `chaos(pool, run_dir)` runs in a thread beside the run."""
+    node), which the test can reach. `chaos(pool, run_dir, training)` runs in the main thread (Ray starts a node only
+    from there) while the run trains in another; `training()` says whether it still does."""
     cfg = load_config(None, [*NODE_LOSS, f"run.output_dir={out}", f"run.name={name}"])
     plan = plan_for_cluster(cfg)
     apply_plan(cfg, plan)
@@ -66,12 +68,22 @@ def _run(out, name, chaos=None):
         pool = RolloutPool.create(cfg, resolve_model(cfg.model.path), ThreadPolicy.of(cfg), placed)
         try:
             before = _pids(pool)
-            thread = threading.Thread(target=chaos, args=(pool, cfg.run_dir), daemon=True) if chaos else None
-            if thread:
-                thread.start()
-            train(cfg, pool=pool)
-            if thread:
-                thread.join(timeout=60)
+            errors = []
+
+            def run():
+                try:
+                    train(cfg, pool=pool)
+                except BaseException as err:  # handed to the main thread
+                    errors.append(err)
+
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            if chaos:
+                chaos(pool, cfg.run_dir, thread.is_alive)
+            thread.join(timeout=900)  # every wait in the run has a deadline: this only keeps a bug from hanging CI
+            assert not thread.is_alive(), "the run hung"
+            if errors:
+                raise errors[0]
             after = _pids(pool)
             nodes = {cls.__name__: _alive_on(cls.__name__) for cls in (RolloutWorker, RestartableEnvHost)}
         finally:
@@ -80,6 +92,21 @@ def _run(out, name, chaos=None):
         placed.release()
     records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
     return _final_weights(cfg.run_dir), records, before, after, nodes
+
+
+def _when_rollout_is_out(pool, run_dir, training):
+    """Once step 1 is logged and step 2's environments are open on the env host (its rollout call is in flight);
+    False if the run ended before."""
+    path = run_dir / "metrics.jsonl"
+    while training():
+        try:
+            steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
+        except (OSError, ValueError):  # not written yet, or a line half written
+            steps = []
+        if steps and ray.get(pool.env_hosts[0].stats.remote())["open"] > 0:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _alive_on(class_name: str) -> set[str]:
@@ -96,8 +123,8 @@ def test_a_lost_rollout_node_is_replaced_and_the_run_is_the_same(cluster, tmp_pa
     assert nodes == {"RolloutWorker": {old}, "RestartableEnvHost": {old}}  # the node to kill holds both
     replacement = []
 
-    def chaos(pool, run_dir):
-        _when_rollout_is_out(pool, run_dir)
+    def chaos(pool, run_dir, training):
+        assert _when_rollout_is_out(pool, run_dir, training), "the run ended before step 2's rollout"
         cluster.remove_node(cluster.rollout_node, allow_graceful=False)  # raylet and every worker on it: SIGKILL
         replacement.append(cluster.add_node(**ROLLOUT_NODE))
 
