@@ -116,6 +116,25 @@ def _alive_on(class_name: str) -> set[str]:
     return {a.node_id for a in actors}
 
 
+def test_each_pinned_bundle_lands_on_its_planned_node(cluster):
+    """`cluster.pin` names the plan's other nodes, not the planned one: every bundle still lands on its own node
+    (were the selector ignored, PACK would put all of them on one)."""
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+    from agentrl_ray.cluster import pin
+
+    plan = plan_for_cluster(load_config(None, NODE_LOSS))
+    workers = [n.node_id for n in plan.nodes if n.cpus > 0]
+    group = placement_group(
+        [{"CPU": 0.1}] * len(workers), strategy="PACK", bundle_label_selector=[pin(n, plan) for n in workers]
+    )
+    try:
+        assert group.wait(timeout_seconds=30)
+        assert placement_group_table(group)["bundles_to_node_id"] == dict(enumerate(workers))
+    finally:
+        remove_placement_group(group)
+
+
 def test_a_lost_rollout_node_is_replaced_and_the_run_is_the_same(cluster, tmp_path):
     weights, records, _, _, nodes = _run(tmp_path, "reference")
     reference = (weights, records)
