@@ -1,8 +1,10 @@
 """A whole worker node lost during a real training run (real Ray, vLLM and Ray Train learner), as when a spot node
-is reclaimed: the node that holds the rollout worker and the env host is killed (`Cluster.remove_node` without grace
-kills its raylet and every process on it) while a step's rollout is out, and a replacement node joins, as an
-autoscaler would add one. Ray reschedules the rollout placement group's bundle onto the new node and restarts both
-actors there (`max_restarts`); the pool redoes the lost rollout call with the same rows and seed (rollout/recovery.py).
+is reclaimed: a node is killed (`Cluster.remove_node` without grace kills its raylet and every process on it) while a
+step's rollout is out, and a replacement node joins, as an autoscaler would add one.
+- The rollout node (the rollout worker and the env host): Ray reschedules the rollout placement group's bundle onto
+  the new node and restarts both actors there (`max_restarts`); the pool redoes the lost rollout call with the same
+  rows and seed (rollout/recovery.py).
+- The learner node: Ray Train's FailureConfig restarts the worker group on the new node from the latest checkpoint.
 The run must complete every step, log each step exactly once, and end with the very weights of an uninterrupted run
 on the same cluster with the same seed."""
 
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.slow
 # The rollout node offers room for two rollout placement groups: the test's pool's and the one the driver reserves
 # for a pool of its own (unused here: the test hands `train` its pool to watch and kill it).
 ROLLOUT_NODE = {"num_cpus": 4, "resources": {"rollout_node": 10, "env_node": 10}}
+LEARNER_NODE = {"num_cpus": 4, "resources": {"learner_node": 10}}  # the cpu profile asks 2.45
 NODE_LOSS = [
     *SMALL,
     "rollout.resources={rollout_node: 1}",
@@ -47,7 +50,7 @@ def cluster(builtin_model_path):
     if ray.is_initialized():
         ray.shutdown()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    c.add_node(num_cpus=4, resources={"learner_node": 10})  # the cpu profile asks 2.45
+    c.learner_node = c.add_node(**LEARNER_NODE)
     c.rollout_node = c.add_node(**ROLLOUT_NODE)
     c.wait_for_nodes()
     ray.init(address=c.address)
@@ -85,7 +88,7 @@ def _run(out, name, chaos=None):
             if errors:
                 raise errors[0]
             after = _pids(pool)
-            nodes = {cls.__name__: _alive_on(cls.__name__) for cls in (RolloutWorker, RestartableEnvHost)}
+            nodes = {c: _alive_on(c) for c in (RolloutWorker.__name__, RestartableEnvHost.__name__, "RayTrainWorker")}
         finally:
             pool.shutdown()
     finally:
@@ -135,23 +138,40 @@ def test_each_pinned_bundle_lands_on_its_planned_node(cluster):
         remove_placement_group(group)
 
 
-def test_a_lost_rollout_node_is_replaced_and_the_run_is_the_same(cluster, tmp_path):
-    weights, records, _, _, nodes = _run(tmp_path, "reference")
-    reference = (weights, records)
-    old = cluster.rollout_node.node_id
-    assert nodes == {"RolloutWorker": {old}, "RestartableEnvHost": {old}}  # the node to kill holds both
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory):
+    """The uninterrupted run on the same cluster shape, and where each role ran."""
+    weights, records, _, _, nodes = _run(tmp_path_factory.mktemp("node_loss"), "reference")
+    return weights, records, nodes
+
+
+@pytest.mark.parametrize("role", ["rollout", "learner"])
+def test_a_lost_node_is_replaced_and_the_run_is_the_same(cluster, reference, tmp_path, role):
+    ref_weights, ref_records, ref_nodes = reference
+    victim, spec = (cluster.rollout_node, ROLLOUT_NODE) if role == "rollout" else (cluster.learner_node, LEARNER_NODE)
+    old = victim.node_id
+    on_victim = {"RolloutWorker", "RestartableEnvHost"} if role == "rollout" else {"RayTrainWorker"}
+    # The reference's learner is gone after its run; its node is read from the run under test below.
+    assert all(ref_nodes[c] == {old} for c in on_victim - {"RayTrainWorker"})  # the node to kill holds them
     replacement = []
 
     def chaos(pool, run_dir, training):
         assert _when_rollout_is_out(pool, run_dir, training), "the run ended before step 2's rollout"
-        cluster.remove_node(cluster.rollout_node, allow_graceful=False)  # raylet and every worker on it: SIGKILL
-        replacement.append(cluster.add_node(**ROLLOUT_NODE))
+        if role == "learner":
+            assert _alive_on("RayTrainWorker") == {old}  # the learner runs on the node to kill
+        cluster.remove_node(victim, allow_graceful=False)  # raylet and every worker on it: SIGKILL
+        replacement.append(cluster.add_node(**spec))
 
-    weights, records, before, after, nodes = _run(tmp_path, "node_lost", chaos)
+    weights, records, before, after, nodes = _run(tmp_path, f"{role}_node_lost", chaos)
     assert replacement, "the node was never killed"
     new = replacement[0].node_id
+    if role == "rollout":
+        cluster.rollout_node = replacement[0]
+        assert nodes["RolloutWorker"] == {new} and nodes["RestartableEnvHost"] == {new}  # restarted on the new node
+        assert all(a != b for a, b in zip(after, before))  # new processes
+    else:
+        cluster.learner_node = replacement[0]
+        assert after == before  # the rollout actors were left alone
     assert old not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-    assert nodes == {"RolloutWorker": {new}, "RestartableEnvHost": {new}}  # both restarted on the new node
-    assert all(a != b for a, b in zip(after, before))  # new processes
-    _report("node lost", records, reference)
-    _check_same_run(reference, weights, records, "rollout node lost")
+    _report(f"{role} node lost", records, (ref_weights, ref_records))
+    _check_same_run((ref_weights, ref_records), weights, records, f"{role} node lost")
