@@ -157,8 +157,9 @@ SMALL_RECIPE = Recipe(
 # `model.path: builtin:tiny-grid`: the tiny model's shape, its tokenizer and warm-up on the grid task's dialogues
 # (random walks, `agentrl_ray/builtin_grid.py`) instead of the calculator's. The dialogues are ~2x longer, so fewer,
 # shorter-batched steps keep the build near the tiny model's ~3 minutes.
-# Its walks are uniform (`sft_toward_share` 0). A walker biased toward the goal (`tasks.grid.random_walk`'s `toward`)
-# is the next lever for learnability; its build did not fit this round's machine time (docs/echo.md).
+# Its walks are uniform (`sft_toward_share` 0). Walks biased toward the goal (0.2, and 0.5 with 500 or 1,500 steps)
+# were built and probed: the model's first move stayed independent of the prompt (benchmarks/grid_probe.py), so
+# the uniform recipe, whose cached folder the runs in docs/echo.md used, stays.
 GRID_RECIPE = Recipe(task="grid", sft_dialogues=20_000, sft_steps=500, sft_batch=32)
 RECIPES = {"tiny": RECIPE, "small": SMALL_RECIPE, "tiny-grid": GRID_RECIPE}
 

@@ -12,9 +12,9 @@ The warm-up dialogues (`warmup_messages`) walk at random: each move goes toward 
 with "Done." as soon as an observation says "goal", and gives up after `MAX_MOVES` moves. With `toward` = 0 the
 warm-started model knows the tool format and when to stop but not which direction brings it closer (success ~0.21,
 a uniform random walk), and GRPO stayed flat from there (docs/echo.md): no state-dependent preference to reinforce.
-`builtin:tiny-grid` still uses `toward` = 0 (its build with 0.2, a walker that reaches the goal ~38% of the time and
-so a weak preference for RL to sharpen, did not fit this round's machine time); the observations tell the policy
-what each direction does.
+`builtin:tiny-grid` still uses `toward` = 0: models warmed up with 0.2 or 0.5 learned none of the lean (their first
+move does not depend on the prompt, benchmarks/grid_probe.py; docs/echo.md, round 3). The observations tell the
+policy what each direction does.
 """
 
 from __future__ import annotations
