@@ -103,6 +103,13 @@ def curve(run_dir: Path) -> list[dict]:
     return [r for r in records if "eval/success" in r]
 
 
+def peak_entropy(run_dir: Path) -> float:
+    """The policy's largest training-batch entropy over the run (a world-model gradient that destabilizes the policy
+    shows here first: the learner's health monitor flags entropy rising above its baseline)."""
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return max((r["loss/entropy"] for r in records if "loss/entropy" in r), default=float("nan"))
+
+
 def auc(run_dir: Path) -> float:
     return statistics.mean(r["eval/success"] for r in curve(run_dir) if r["step"] > 0)
 
@@ -195,8 +202,8 @@ def tables(
         "interval past the end).",
         "",
         "| λ | seeds | held-out success, final | peak | mean over evals | env-token CE start | env-token CE end "
-        "| samples to GRPO's best |",
-        "|---|---|---|---|---|---|---|---|",
+        "| policy entropy, peak | samples to GRPO's best |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     reach: dict[float, list[float]] = {}
     for coeff, dirs in sorted(runs.items()):
@@ -208,7 +215,8 @@ def tables(
             f"| {coeff:g} | {len(dirs)} | {ms([c[-1]['eval/success'] for c in curves])} "
             f"| {ms([max(r['eval/success'] for r in c) for c in curves])} | {ms([auc(d) for d in dirs])} "
             f"| {ms([c[0].get('eval/env_token_ce', float('nan')) for c in curves])} "
-            f"| {ms([c[-1].get('eval/env_token_ce', float('nan')) for c in curves])} | {cells} |"
+            f"| {ms([c[-1].get('eval/env_token_ce', float('nan')) for c in curves])} "
+            f"| {ms([peak_entropy(d) for d in dirs])} | {cells} |"
         )
     echo = [c for c in runs if c != 0.0]
     if echo and len(reach[0.0]) and len(reach[echo[0]]):
