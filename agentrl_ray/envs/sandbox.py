@@ -79,6 +79,7 @@ from agentrl_ray.envs.sandbox_uids import SANDBOX_UID_BASE, kill_uid, sandbox_ui
 logger = logging.getLogger(__name__)
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # each replaced by the run's own tmpfs (sandbox_init.pl)
 _READ_CHUNK = 1 << 16
 _DRAIN_AFTER_KILL_S = 1.0
 
@@ -220,16 +221,20 @@ def network_isolation_available() -> bool:
 
 @functools.cache
 def sandbox_python() -> str:
-    """The interpreter sandboxes run: `sys.executable` when the sandbox uid can reach it, else `python3` on
-    `SANDBOX_PATH` (which lacks this environment's packages; a warning says so)."""
-    if os.geteuid() != 0 or (_world_reachable(sys.executable) and _world_reachable(sys.base_prefix)):
+    """The interpreter sandboxes run: `sys.executable` when the sandbox can reach it, else `python3` on
+    `SANDBOX_PATH` (which lacks this environment's packages; a warning says so). Unreachable: a venv under /root
+    (0700) as root, or one under /tmp, /var/tmp or /dev/shm (a checkout cloned there), which the sandbox replaces
+    with its own empty tmpfs."""
+    hidden = any(Path(p).is_relative_to(d) for p in (os.path.abspath(sys.executable), sys.prefix) for d in PRIVATE_DIRS)
+    if not hidden and (os.geteuid() != 0 or (_world_reachable(sys.executable) and _world_reachable(sys.base_prefix))):
         return sys.executable
     fallback = shutil.which("python3", path=SANDBOX_PATH)
     if fallback is None:
         raise RuntimeError(f"no python3 on {SANDBOX_PATH} and {sys.executable} is not reachable by other users")
     logger.warning(
-        "sandbox: %s is not reachable by the unprivileged sandbox uid (a parent directory lacks o+x); sandboxed "
-        "Python runs %s instead, without this environment's packages",
+        "sandbox: %s is not reachable in the sandbox (a parent directory lacks o+x, or it lies under /tmp, "
+        "/var/tmp or /dev/shm, which the sandbox replaces); sandboxed Python runs %s instead, without this "
+        "environment's packages",
         sys.executable,
         fallback,
     )

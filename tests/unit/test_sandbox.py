@@ -256,3 +256,24 @@ def test_missing_network_isolation_refuses_unless_allowed(monkeypatch, caplog):
         assert "running without (require_isolation=False)" in caplog.text
     finally:
         sandbox._Layers.probe.cache_clear()
+
+
+def test_an_interpreter_under_a_private_dir_is_replaced_by_one_the_sandbox_sees(monkeypatch, caplog):
+    """A checkout cloned under /tmp has its venv's python there, which the sandbox's own /tmp hides ("prlimit: failed
+    to execute ...: No such file or directory", found by a clean clone under /tmp): the sandbox runs python3 from
+    its PATH instead, and says so."""
+    import logging
+    import sys
+
+    from agentrl_ray.envs import sandbox as sandbox_module
+
+    monkeypatch.setattr(sys, "executable", "/tmp/clone/.venv/bin/python")
+    monkeypatch.setattr(sys, "prefix", "/tmp/clone/.venv")
+    sandbox_module.sandbox_python.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            chosen = sandbox_module.sandbox_python()
+        assert not chosen.startswith("/tmp/") and chosen.startswith(("/usr/local/bin/", "/usr/bin/", "/bin/"))
+        assert "replaces" in caplog.text
+    finally:
+        sandbox_module.sandbox_python.cache_clear()  # the real interpreter's choice for the other tests
