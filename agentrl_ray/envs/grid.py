@@ -1,11 +1,11 @@
 """GridEnv: walk to a goal cell on a 5 x 5 grid with a `move(direction)` tool.
 
-Every observation follows from the history: `move` answers "at X,Y" (the new cell), "blocked, at X,Y" when the move
-would leave the grid (the agent stays), and appends " goal" once the cell is the goal the prompt names. A model
-that predicts these observations (the ECHO loss) has learned what each direction does to the coordinates, which is
-exactly what the policy needs to choose the move that brings it closer. The reward is the environment's own: 1.0 when
-the episode ends on the goal cell, else `progress_credit` times the share of the start's distance walked off (0 by
-default; `examples/grid` uses 0.5). Success (`run.success_threshold` 1.0) still means the goal only: the credit just
+Every observation follows from the history: `move` answers with the new cell and where the goal now lies ("at 2,3,
+goal 1 east 1 south"), "blocked, ..." when the move would leave the grid (the agent stays), and "at X,Y goal" on the
+goal cell. A model that predicts these observations (the ECHO loss) has learned what each direction does to the cell
+and to the offset, the knowledge the policy needs to choose the move that brings it closer. The reward is the
+environment's own: 1.0 when the episode ends on the goal cell, else `progress_credit` times the share of the start's
+distance walked off (0 by default; `examples/grid` uses 0.5). Success (`run.success_threshold` 1.0) still means the goal only: the credit just
 lets GRPO tell a walk that got closer from one that wandered off, when no walk of a group reached the goal.
 """
 

@@ -1,20 +1,22 @@
 """The grid task: walk from a start cell to a goal cell with `move(direction)` (`agentrl_ray.envs.grid.GridEnv`).
 
 The grid's dynamics live here too (`step`, `observation`), shared by `envs.grid.GridEnv` and the warm-up walks.
-Prompts read "You are at 1,3. Go to 3,2." with the goal 1 to 3 moves away (Manhattan distance) on a 5 x 5 grid.
-Rows carry `start` and `goal` ("x,y") for the environment. Train and eval (start, goal) pairs never overlap: a pair
-belongs to the eval split when a hash of its prompt falls in the eval bucket (1 in 8), so the warm-up of the
+Prompts read "You are at 1,3. Go to 3,2: 2 east 1 south." with the goal 1 to 3 moves away (Manhattan distance) on a
+5 x 5 grid; every observation gives the new cell and where the goal now lies ("at 2,3, goal 1 east 1 south"). Rows
+carry `start` and `goal` ("x,y") for the environment. Train and eval (start, goal) pairs never overlap: a pair belongs
+to the eval split when a hash of its prompt falls in the eval bucket (1 in 8), so the warm-up of the
 `builtin:tiny-grid` model (train split only) never sees a held-out pair. There are few pairs (~45 held out), so a
 split asked for more rows than it has cycles through them (ids stay distinct).
 
 The warm-up dialogues (`warmup_messages`) walk at random: each move goes toward the goal with probability `toward`
 (one of the directions that shorten the distance) and is otherwise uniform over the four directions; the walk stops
-with "Done." as soon as an observation says "goal", and gives up after `MAX_MOVES` moves. With `toward` = 0 the
-warm-started model knows the tool format and when to stop but not which direction brings it closer (success ~0.21,
-a uniform random walk), and GRPO stayed flat from there (docs/echo.md): no state-dependent preference to reinforce.
-`builtin:tiny-grid` still uses `toward` = 0: models warmed up with 0.2 or 0.5 learned none of the lean (their first
-move does not depend on the prompt, benchmarks/grid_probe.py; docs/echo.md, round 3). The observations tell the
-policy what each direction does.
+with "Done." as soon as an observation says "goal", and gives up after `MAX_MOVES` moves. The warm-started model
+knows the tool format and when to stop, not which direction brings it closer: RL has that to learn.
+
+Why the offset is spelled out (TEXT_VERSION 2): with cells only ("Go to 3,2", "at 2,3"), the 0.44M model never
+learned to compare coordinates: its first move did not depend on the goal even after warm-ups biased toward it,
+and GRPO stayed flat (docs/echo.md, rounds 1-3). With the offset, choosing a move is reading a word of the latest
+observation, and predicting the next observation (ECHO) is learning what each move does to the offset and the cell.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ import zlib
 from typing import Any
 
 SIZE = 5  # cells 0..SIZE-1 on each axis
+# The wording of prompts and observations, part of `builtin:tiny-grid`'s cache key (the model is warm-started on it).
+# 2: both state the goal's offset ("2 east 1 south"); 1 gave cells only, which the tiny model could not compare.
+TEXT_VERSION = 2
 DIRECTIONS = {"north": (0, 1), "south": (0, -1), "east": (1, 0), "west": (-1, 0)}
 
 
@@ -52,8 +57,18 @@ def step(cell: tuple[int, int], direction: str) -> tuple[tuple[int, int], bool]:
     return (x, y), False
 
 
+def offset_text(cell: tuple[int, int], goal: tuple[int, int]) -> str:
+    """Where the goal lies from `cell`, axis by axis: "2 east 1 south", "1 north" (an axis already right is left out)."""
+    dx, dy = goal[0] - cell[0], goal[1] - cell[1]
+    parts = [f"{abs(dx)} {'east' if dx > 0 else 'west'}"] if dx else []
+    parts += [f"{abs(dy)} {'north' if dy > 0 else 'south'}"] if dy else []
+    return " ".join(parts)
+
+
 def observation(cell: tuple[int, int], blocked: bool, goal: tuple[int, int]) -> str:
-    return ("blocked, " if blocked else "") + "at " + cell_text(cell) + (" goal" if cell == goal else "")
+    """ "at 2,3, goal 1 east 1 south", "blocked, at 0,3, goal 2 north", or "at 3,2 goal" once there."""
+    where = ("blocked, " if blocked else "") + "at " + cell_text(cell)
+    return where + (" goal" if cell == goal else ", goal " + offset_text(cell, goal))
 
 
 MIN_DISTANCE, MAX_DISTANCE = 1, 3
@@ -66,7 +81,7 @@ Cell = tuple[int, int]
 
 
 def question(start: Cell, goal: Cell) -> str:
-    return f"You are at {cell_text(start)}. Go to {cell_text(goal)}."
+    return f"You are at {cell_text(start)}. Go to {cell_text(goal)}: {offset_text(start, goal)}."
 
 
 def split_of(text: str) -> str:

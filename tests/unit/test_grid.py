@@ -27,23 +27,25 @@ def _env(start: str, goal: str) -> GridEnv:
 def test_observations_follow_from_the_moves():
     env = _env("0,0", "2,1")
     assert [env.move(d) for d in ("west", "east", "north", "east")] == [
-        "blocked, at 0,0",
-        "at 1,0",
-        "at 1,1",
+        "blocked, at 0,0, goal 2 east 1 north",
+        "at 1,0, goal 1 east 1 north",
+        "at 1,1, goal 1 east",
         "at 2,1 goal",
     ]
     assert env.reward("Done.") == 1.0
-    assert env.move("east") == "at 3,1" and env.reward("Done.") == 0.0  # overshooting leaves the goal
+    # Overshooting leaves the goal, and the observation says which way it now lies.
+    assert env.move("east") == "at 3,1, goal 1 west" and env.reward("Done.") == 0.0
     # The same moves from the same start give the same observations: nothing hidden, nothing random.
     again = _env("0,0", "2,1")
     assert [again.move(d) for d in ("west", "east", "north", "east")] == [
-        "blocked, at 0,0",
-        "at 1,0",
-        "at 1,1",
+        "blocked, at 0,0, goal 2 east 1 north",
+        "at 1,0, goal 1 east 1 north",
+        "at 1,1, goal 1 east",
         "at 2,1 goal",
     ]
-    corner = _env("4,4", "3,4")
-    assert corner.move("north") == "blocked, at 4,4" and corner.move("east") == "blocked, at 4,4"
+    corner = _env("4,4", "3,3")
+    assert corner.move("north") == "blocked, at 4,4, goal 1 west 1 south"
+    assert corner.move("west") == "at 3,4, goal 1 south"
     assert corner.reward("") == 0.0
 
 
@@ -89,10 +91,13 @@ def test_rows_are_deterministic_with_disjoint_splits_and_reachable_goals():
     assert len({pair(r) for r in evals}) == len(grid.all_problems("eval"))  # 100 rows cycle through all 45 pairs
     assert len({r["id"] for r in train + evals}) == len(train) + len(evals)
     for row in train[:100] + evals:
-        sx, sy, gx, gy = map(
-            int, re.fullmatch(r"You are at (\d),(\d)\. Go to (\d),(\d)\.", row["prompt"][0]["content"]).groups()
-        )
+        found = re.fullmatch(r"You are at (\d),(\d)\. Go to (\d),(\d): (.+)\.", row["prompt"][0]["content"])
+        sx, sy, gx, gy = map(int, found.groups()[:4])
         assert (row["start"], row["goal"]) == (f"{sx},{sy}", f"{gx},{gy}")
+        # The offset the prompt states is the one the coordinates give.
+        steps = {d: int(n) for n, d in re.findall(r"(\d) (east|west|north|south)", found.group(5))}
+        assert steps.get("east", 0) - steps.get("west", 0) == gx - sx
+        assert steps.get("north", 0) - steps.get("south", 0) == gy - sy
         assert grid.MIN_DISTANCE <= abs(sx - gx) + abs(sy - gy) <= grid.MAX_DISTANCE
     with pytest.raises(ValueError, match="split"):
         grid.make_grid_rows(3, 0, "test")
@@ -161,6 +166,17 @@ def test_the_calculator_models_keep_their_cache_folders_and_the_grid_model_gets_
         builtin_model.GRID_RECIPE, **{k: getattr(builtin_model.RECIPE, k) for k in ("sft_steps", "sft_batch")}
     )
     assert builtin_model.recipe_hash(grid_recipe, tools) != builtin_model.recipe_hash(builtin_model.RECIPE, tools)
+
+
+def test_the_grid_models_cache_folder_follows_the_wording_of_its_dialogues(monkeypatch):
+    """A model warm-started on other prompts and observations must not be found in the cache: the wording's version
+    is part of the grid recipe's hash (and of no calculator recipe's)."""
+    tools = builtin_grid.grid_tools()
+    before = builtin_model.recipe_hash(builtin_model.GRID_RECIPE, tools)
+    calculator = builtin_model.recipe_hash(builtin_model.RECIPE, tools)
+    monkeypatch.setattr(grid, "TEXT_VERSION", grid.TEXT_VERSION + 1)
+    assert builtin_model.recipe_hash(builtin_model.GRID_RECIPE, tools) != before
+    assert builtin_model.recipe_hash(builtin_model.RECIPE, tools) == calculator
 
 
 def test_the_walker_goes_toward_the_goal_as_often_as_asked():
