@@ -223,6 +223,8 @@ class LoraConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     """Names of the linear layers that get adapters."""
+    quantize: Literal["none", "nf4"] = "none"
+    """QLoRA: hold the learner's frozen base in 4-bit NF4 (bitsandbytes); the engines keep model.dtype weights."""
 
 
 @dataclass
@@ -686,6 +688,14 @@ def validate(cfg: Config) -> None:
     need(
         not (lr.lora.enabled and lr.backend == "deepspeed" and lr.zero_stage == 3),
         "learner.lora with DeepSpeed ZeRO-3 is not supported: use zero_stage<=2",
+    )
+    need(
+        lr.lora.quantize == "none" or lr.lora.enabled,
+        "learner.lora.quantize=nf4 quantizes the frozen base under LoRA adapters: it needs learner.lora.enabled=true",
+    )
+    need(
+        lr.lora.quantize == "none" or lr.backend == "ddp",
+        "learner.lora.quantize=nf4 runs with learner.backend=ddp only (DeepSpeed would partition the 4-bit weights)",
     )
     _validate_deepspeed(lr, need)
     need(

@@ -138,6 +138,10 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
     train_rows = load_rows(cfg.data.train, cfg.data, split="train", size=cfg.data.train_size)
     eval_rows = load_rows(cfg.data.eval, cfg.data, split="eval", size=cfg.data.eval_size)
     preflight.check(cfg, model_path, train_rows, eval_rows)  # bad input fails here, before Ray starts
+    if cfg.learner.lora.enabled and cfg.learner.lora.quantize != "none":
+        from agentrl_ray.learner.qlora import require_bitsandbytes
+
+        require_bitsandbytes()  # QLoRA's library, named with its install step, before Ray starts
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     # The actors' environment depends only on overlap and the learner's device, known before the plan.
     init_ray(cfg, ThreadPolicy.of(cfg))

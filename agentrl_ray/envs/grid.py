@@ -5,8 +5,9 @@ goal 1 east 1 south"), "blocked, ..." when the move would leave the grid (the ag
 goal cell. A model that predicts these observations (the ECHO loss) has learned what each direction does to the cell
 and to the offset, the knowledge the policy needs to choose the move that brings it closer. The reward is the
 environment's own: 1.0 when the episode ends on the goal cell, else `progress_credit` times the share of the start's
-distance walked off (0 by default; `examples/grid` uses 0.5). Success (`run.success_threshold` 1.0) still means the goal only: the credit just
-lets GRPO tell a walk that got closer from one that wandered off, when no walk of a group reached the goal.
+distance walked off (0 by default; `examples/grid` uses 0.5). Success (`run.success_threshold` 1.0) still means the
+goal only: the credit just lets GRPO tell a walk that got closer from one that wandered off, when no walk of a group
+reached the goal.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import torch
 from agentrl_ray.algorithms import token_logprobs_and_entropy
 from agentrl_ray.chunked_logprobs import hidden_token_logprobs
 from agentrl_ray.config import LearnerConfig, ModelConfig
-from agentrl_ray.learner import zero
+from agentrl_ray.learner import qlora, zero
 from agentrl_ray.sync.packing import load_safetensors_folder
 
 TRAINER_STATE = "trainer_state.pt"
@@ -55,7 +55,11 @@ class Policy:
             # The frozen base needs no float32 master copy: bf16 halves its memory and spares autocast's per-call
             # casts of every weight (PEFT keeps the adapter, the only trained part, in float32).
             load_dtype = torch.bfloat16
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype)
+        quantized = cfg.lora.enabled and cfg.lora.quantize != "none"
+        if quantized:
+            model = qlora.load_quantized(model_path, cfg, self.device)  # placed on the device while loading
+        else:
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype)
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         self.reference = None
@@ -84,7 +88,8 @@ class Policy:
                 if self.partitioned:
                     reference = zero.initialize(reference, None, self.ds_config)[0]
                 self.reference = reference if self.partitioned else reference.to(self.device)
-        self.module = model if self.partitioned else model.to(self.device)  # ZeRO-3: DeepSpeed places partitions
+        # ZeRO-3: DeepSpeed places the partitions; a quantized model is already on its device and cannot move.
+        self.module = model if self.partitioned or quantized else model.to(self.device)
         self.module.config.use_cache = False
         params = [p for p in self.module.parameters() if p.requires_grad]
         if self.ds_config is not None:

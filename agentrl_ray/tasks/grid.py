@@ -58,7 +58,8 @@ def step(cell: tuple[int, int], direction: str) -> tuple[tuple[int, int], bool]:
 
 
 def offset_text(cell: tuple[int, int], goal: tuple[int, int]) -> str:
-    """Where the goal lies from `cell`, axis by axis: "2 east 1 south", "1 north" (an axis already right is left out)."""
+    """Where the goal lies from `cell`, axis by axis: "2 east 1 south", "1 north" (an axis already right is left
+    out)."""
     dx, dy = goal[0] - cell[0], goal[1] - cell[1]
     parts = [f"{abs(dx)} {'east' if dx > 0 else 'west'}"] if dx else []
     parts += [f"{abs(dy)} {'north' if dy > 0 else 'south'}"] if dy else []

@@ -76,12 +76,14 @@ def test_steps_change_weights_then_resume_continues(local_ray, builtin_model_pat
     [
         ["learner.backend=deepspeed", "learner.zero_stage=2", "learner.num_workers=2"],
         ["profile=lora", "learner.lora.r=4"],
+        ["profile=lora", "learner.lora.r=4", "learner.lora.quantize=nf4", "learner.bf16=true"],
     ],
-    ids=["deepspeed-zero2-2-workers", "lora"],
+    ids=["deepspeed-zero2-2-workers", "lora", "qlora"],
 )
 def test_other_learner_setups_train(local_ray, builtin_model_path, tmp_path, variant):
-    """DeepSpeed ZeRO-2 over gloo with two learner ranks, and LoRA with adapter-only sync: real steps, new weights,
-    and a resume from their checkpoint (DeepSpeed's own optimizer shards, or the adapter)."""
+    """DeepSpeed ZeRO-2 over gloo with two learner ranks, LoRA with adapter-only sync, and QLoRA (an NF4 base in
+    the learner, bitsandbytes on CPU; the engines keep full weights): real steps, new weights, and a resume from
+    their checkpoint (DeepSpeed's own optimizer shards, or the adapter)."""
     overrides = [*SMALL, *variant, f"run.output_dir={tmp_path}", "run.name=v", "run.checkpoint_every=0"]
     cfg = load_config(None, [*overrides, "run.steps=2"])
     metrics = train(cfg)
