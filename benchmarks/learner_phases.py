@@ -10,7 +10,9 @@ path is `Policy.token_logprobs`'s, the full path the model's own logits). Varian
 that its peak RSS is its own:
 - `fp32base_full`: float32 base weights + autocast, full (B, T, V) logits (the learner before this round);
 - `fp32base_chunked`: the same with `learner.chunked_logprobs` (the current default);
-- `bf16base_chunked`: the frozen base loaded in bfloat16 (adapter float32): no float32 copy, no per-call casts.
+- `bf16base_chunked`: the frozen base loaded in bfloat16 (adapter float32): no float32 copy, no per-call casts;
+- `nf4base_chunked`: QLoRA (`learner.lora.quantize=nf4`): the blocks' Linear weights in 4-bit NF4 (bitsandbytes,
+  loaded by the learner's own `qlora.load_quantized`), the embedding/head in bfloat16.
 Times are the best of `--repeats` steps after one warm-up step; per token = / (samples * seq).
 """
 
@@ -26,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-VARIANTS = ("fp32base_full", "fp32base_chunked", "bf16base_chunked")
+VARIANTS = ("fp32base_full", "fp32base_chunked", "bf16base_chunked", "nf4base_chunked")
 
 
 def one(variant: str, samples: int, seq: int, threads: int, repeats: int) -> dict:
@@ -44,7 +46,13 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int) -> dic
     torch.manual_seed(0)
     base_dtype = torch.bfloat16 if variant.startswith("bf16") else torch.float32
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(ensure_qwen05b_shape(), dtype=base_dtype)
+    if variant.startswith("nf4"):
+        from agentrl_ray.config import LearnerConfig
+        from agentrl_ray.learner.qlora import load_quantized
+
+        model = load_quantized(ensure_qwen05b_shape(), LearnerConfig(bf16=True), torch.device("cpu"))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(ensure_qwen05b_shape(), dtype=base_dtype)
     ours = OurLora()
     model = get_peft_model(
         model, LoraConfig(r=ours.r, lora_alpha=ours.alpha, lora_dropout=0.0, target_modules=ours.target_modules)

@@ -13,6 +13,7 @@ the engines receive them cast to float32, and the reference loads the same bf16 
 - ZeRO-3 on 2 GPUs: partitioned model, gathered sync and save, DeepSpeed's reconstruction equals the HF folder.
 - LoRA: adapter-only sync into vLLM's own LoRA support (a LoRARequest per version, rollout.lora_mode=auto on GPU),
   the engine equals the merged peft model.
+- QLoRA: the learner's base in NF4 (bitsandbytes CUDA), the engine's in full precision, the same equality.
 """
 
 from pathlib import Path
@@ -162,6 +163,25 @@ def test_lora_adapter_sync(local_ray, builtin_model_path, tmp_path):
     overrides += ["placement.mode=colocated", "rollout.sleep_mode=always"]  # native LoRA through sleep/wake
     cfg, metrics, pool = _train_and_keep_engines(overrides, builtin_model_path, tmp_path, "lora")
     try:
+        adapter = cfg.run_dir / "checkpoint_000002" / "adapter"
+        merged = PeftModel.from_pretrained(load_hf(Path(builtin_model_path), "cuda"), adapter).merge_and_unload()
+        assert_engines_hold(pool, merged.eval(), load_hf(Path(builtin_model_path), "cuda"), tok)
+    finally:
+        pool.shutdown()
+
+
+def test_qlora_trains_an_nf4_base_and_the_engines_get_the_adapter(local_ray, builtin_model_path, tmp_path):
+    """learner.lora.quantize=nf4 on CUDA: the learner's base in 4-bit (bitsandbytes' CUDA kernels), the engine's in
+    full precision; after 2 steps the engine equals the saved adapter merged into the full-precision base."""
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(builtin_model_path)
+    overrides = ["profile=lora", "learner.use_gpu=true", "rollout.use_gpu=true", "learner.lora.r=4"]
+    overrides += ["learner.lora.quantize=nf4", "learner.backend=ddp"]
+    cfg, metrics, pool = _train_and_keep_engines(overrides, builtin_model_path, tmp_path, "qlora")
+    try:
+        assert metrics["samples"] == 2 * 4 * 4
         adapter = cfg.run_dir / "checkpoint_000002" / "adapter"
         merged = PeftModel.from_pretrained(load_hf(Path(builtin_model_path), "cuda"), adapter).merge_and_unload()
         assert_engines_hold(pool, merged.eval(), load_hf(Path(builtin_model_path), "cuda"), tok)
