@@ -19,6 +19,7 @@ Times are the best of `--repeats` steps after one warm-up step; per token = / (s
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import resource
 import subprocess
@@ -29,6 +30,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 VARIANTS = ("fp32base_full", "fp32base_chunked", "bf16base_chunked", "nf4base_chunked")
+
+
+def current_rss_gib() -> float:
+    """This process's resident set now (VmRSS), in GiB."""
+    with open("/proc/self/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kib / 2**20
 
 
 def one(variant: str, samples: int, seq: int, threads: int, repeats: int) -> dict:
@@ -59,6 +67,8 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int) -> dic
     )
     model.config.use_cache = False
     load_s = time.perf_counter() - t0
+    gc.collect()
+    rss_after_load = current_rss_gib()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5)
     ids = torch.randint(0, 370, (samples, seq))
@@ -102,7 +112,9 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int) -> dic
         "tokens_per_s": tokens / sum(best.values()),
         "runs": runs,
         "trainable_params": sum(p.numel() for p in params),
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # loading's transients included
+        "rss_after_steps_gib": current_rss_gib(),  # what stays resident while training
+        "resident_after_load_gib": rss_after_load,
     }
 
 
@@ -132,7 +144,9 @@ def main() -> None:
         r = rows[-1]
         print(
             f"{v:<18} fwd {r['forward_s']:.2f}s bwd {r['backward_s']:.2f}s opt {r['optimizer_s']:.3f}s "
-            f"= {r['tokens_per_s']:.0f} tok/s, peak RSS {r['peak_rss_gib']:.2f} GiB (load {r['load_s']:.1f}s)",
+            f"= {r['tokens_per_s']:.0f} tok/s, peak RSS {r['peak_rss_gib']:.2f} GiB, resident after load "
+            f"{r['resident_after_load_gib']:.2f} and after the steps {r['rss_after_steps_gib']:.2f} GiB "
+            f"(load {r['load_s']:.1f}s)",
             flush=True,
         )
     if a.out:
