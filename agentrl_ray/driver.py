@@ -138,7 +138,7 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
     train_rows = load_rows(cfg.data.train, cfg.data, split="train", size=cfg.data.train_size)
     eval_rows = load_rows(cfg.data.eval, cfg.data, split="eval", size=cfg.data.eval_size)
     preflight.check(cfg, model_path, train_rows, eval_rows)  # bad input fails here, before Ray starts
-    if cfg.learner.lora.enabled and cfg.learner.lora.quantize != "none":
+    if cfg.learner.lora.quantize != "none":  # validate() allows it only with LoRA
         from agentrl_ray.learner.qlora import require_bitsandbytes
 
         require_bitsandbytes()  # QLoRA's library, named with its install step, before Ray starts

@@ -55,7 +55,7 @@ class Policy:
             # The frozen base needs no float32 master copy: bf16 halves its memory and spares autocast's per-call
             # casts of every weight (PEFT keeps the adapter, the only trained part, in float32).
             load_dtype = torch.bfloat16
-        quantized = cfg.lora.enabled and cfg.lora.quantize != "none"
+        quantized = cfg.lora.quantize != "none"  # validate() allows it only with LoRA
         if quantized:
             model = qlora.load_quantized(model_path, cfg, self.device)  # placed on the device while loading
         else:

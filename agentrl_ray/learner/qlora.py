@@ -1,8 +1,10 @@
 """QLoRA: the learner's frozen base in 4-bit NF4 (bitsandbytes) under float LoRA adapters (`learner.lora.quantize`).
 
-The memory lever of the 0.5B-class LoRA shape: the 24 layers' 358M weights take 0.18 GB in NF4 instead of 0.72 GB in
-bfloat16 (the embedding, which is also the tied head, stays in the compute dtype: bitsandbytes quantizes Linear
-layers only, and our chunked head reads its weight directly). Only the learner quantizes. The engines keep
+A memory lever for bases whose weights dominate the learner: at the 0.5B-class shape the 24 layers' 358M weights take
+0.18 GB in NF4 instead of 0.72 GB in bfloat16, yet on CPU the learner's resident set did not shrink there (the
+bfloat16 base is mapped from its file and the steps' working set dominates; docs/benchmarks.md). The embedding, which
+is also the tied head, stays in the compute dtype: bitsandbytes quantizes Linear layers only, and our chunked head
+reads its weight directly. Only the learner quantizes. The engines keep
 `model.dtype` weights and merge (or apply) the same adapter, so the sampling policy is the full-precision base plus
 the adapter while the learner differentiates the NF4 base plus the adapter: the PPO ratio against the sampling
 log-probabilities absorbs the gap, and `algorithm.tis_cap` bounds it, as for any engine/learner numerics mismatch.
@@ -22,8 +24,8 @@ INSTALL_HINT = "pip install 'agentrl_ray[qlora]' (bitsandbytes)"
 
 
 def require_bitsandbytes() -> None:
-    """ConfigError naming the key and the install step when bitsandbytes cannot be imported (checked before Ray
-    starts, by the preflight)."""
+    """ConfigError naming the key and the install step when bitsandbytes cannot be imported (the driver checks it
+    before Ray starts)."""
     try:
         import bitsandbytes  # noqa: F401
     except ImportError as e:
@@ -66,12 +68,8 @@ def load_quantized(model_path: str, cfg: LearnerConfig, device: torch.device):
     return model
 
 
-def quantized_bytes(model) -> tuple[int, int]:
-    """(bytes of 4-bit weight storage, bytes of every other parameter and buffer) of a loaded model."""
+def packed_bytes(model) -> int:
+    """Bytes of the 4-bit weight storage of a loaded model (its Linear4bit layers)."""
     import bitsandbytes as bnb
 
-    packed = sum(
-        m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)
-    )
-    every = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    return packed, every - packed
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, bnb.nn.Linear4bit))
