@@ -80,8 +80,9 @@ class RolloutConfig:
     """Nucleus sampling threshold of training rollouts."""
     eval_temperature: float = 1.0
     """Sampling temperature of held-out evaluation (pass@1 of the policy as it is trained; 0 = greedy)."""
-    kv_cache_gib: float = 1.0
-    """KV-cache memory of a CPU engine, GiB (vLLM CPU would otherwise reserve most of RAM)."""
+    kv_cache_gib: float = 0.0
+    """KV-cache memory of a CPU engine, GiB; 0 = sized to the run: room for every sequence of one rollout call (at
+    most max_num_seqs) at max_total_tokens, at least 16 MiB. vLLM CPU holds the whole cache resident."""
     max_num_seqs: int = 256
     """Sequences an engine runs at once."""
     num_cpus_per_worker: float = 0.5
@@ -637,7 +638,7 @@ def validate(cfg: Config) -> None:
     need(r.temperature > 0, "rollout.temperature must be > 0 for training rollouts")
     need(r.eval_temperature >= 0, "rollout.eval_temperature must be >= 0 (0 = greedy)")
     need(0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]")
-    need(r.kv_cache_gib > 0, "rollout.kv_cache_gib must be > 0")
+    need(r.kv_cache_gib >= 0, "rollout.kv_cache_gib must be >= 0 (0 = sized to the run)")
     need(cfg.env.num_actors >= 0, "env.num_actors must be >= 0 (0 = one env host per engine)")
     need(cfg.env.tool_timeout_s > 0, "env.tool_timeout_s must be > 0")
     need(

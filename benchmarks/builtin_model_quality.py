@@ -105,7 +105,7 @@ def main() -> None:
     from agentrl_ray.rollout.engine import VLLMEngine, vllm_env
 
     use_gpu = torch.cuda.is_available()
-    os.environ.update(vllm_env(kv_cache_gib=1.0, use_gpu=use_gpu))
+    os.environ.update(vllm_env(use_gpu=use_gpu))
     torch.set_num_threads(os.cpu_count() or 1)
     from transformers import AutoTokenizer
 

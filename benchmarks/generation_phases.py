@@ -39,7 +39,7 @@ def main() -> None:
     a = p.parse_args()
     from agentrl_ray.rollout.engine import vllm_env
 
-    os.environ.update(vllm_env(kv_cache_gib=2, use_gpu=False))
+    os.environ.update(vllm_env(use_gpu=False))
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
     import torch
 
@@ -60,6 +60,7 @@ def main() -> None:
         enforce_eager=True,
         gpu_memory_utilization=0.9,
         use_gpu=False,
+        kv_cache_bytes=2 * 2**30,
     )
     load_s = time.perf_counter() - t0
     rng = random.Random(0)

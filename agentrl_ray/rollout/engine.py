@@ -6,7 +6,8 @@ sampled token, so the learner trains on exactly what was sampled. Weights are up
 `load_weights` directly fails on CPU, whose kernels repack the weights after loading).
 
 vLLM's engine settings are process-wide environment variables, read at `import vllm`: `vllm_env` gives them, and the
-rollout pool starts each worker's process with them.
+rollout pool starts each worker's process with them. A CPU engine's KV cache is sized to the run (`kv_cache_bytes`):
+vLLM CPU allocates and touches the whole cache at start-up, so every byte of it is resident for the whole run.
 
 Two modes, decided by `engine_modes.engine_modes` and fixed at construction:
 - sleep (a GPU shared with a learner rank): `sleep()` after a rollout (level 1: weights to CPU memory, KV cache
@@ -27,17 +28,41 @@ from typing import Any
 import torch
 
 
-def vllm_env(*, kv_cache_gib: float, use_gpu: bool) -> dict[str, str]:
+def vllm_env(*, use_gpu: bool) -> dict[str, str]:
     """Environment variables of an engine's process, to be set before `import vllm`."""
     # Keep the engine core in this process so collective_rpc runs in-process (weight reload without IPC).
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if not use_gpu:
-        # Without an explicit size vLLM CPU reserves most of RAM for KV cache, and a second engine then fails.
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(round(kv_cache_gib))))
         # Threads are shared with the learner and env actors on small machines: do not pin cores (unless the user
         # exported a binding).
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     return env
+
+
+KV_CACHE_MIN_BYTES = 16 * 2**20
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_bytes_per_token(model_path: str, dtype: str) -> int:
+    """Bytes of K and V one token of context holds across all layers of the model in `model_path` at `dtype`."""
+    from transformers import AutoConfig
+
+    text = AutoConfig.from_pretrained(model_path).get_text_config()
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * _DTYPE_BYTES[dtype]
+
+
+def kv_cache_bytes(model_path: str, *, dtype: str, gib: float, sequences: int, tokens: int) -> int:
+    """The KV-cache size of a CPU engine: `gib` when set (> 0), else room for `sequences` sequences of `tokens`
+    tokens each at once (the most one rollout call runs together at the run's whole token budget), in whole MiB and at
+    least 16 MiB. vLLM CPU's default, most of RAM, would leave nothing to a second engine or the learner; a cache that
+    proves short only makes vLLM queue sequences, never fail."""
+    if gib > 0:
+        return int(gib * 2**30)
+    need = sequences * tokens * kv_bytes_per_token(model_path, dtype)
+    return max(KV_CACHE_MIN_BYTES, -(-need // 2**20) * 2**20)
 
 
 def check_engine_kwargs(extra: dict[str, Any], wrapped: dict[str, Any]) -> None:
@@ -107,7 +132,10 @@ class VLLMEngine:
         engine_kwargs: dict[str, Any] | None = None,
         sleep: bool = False,
         lora_rank: int = 0,
+        kv_cache_bytes: int = 2**30,
     ) -> None:
+        """`kv_cache_bytes`: the KV cache of a CPU engine (the run's size comes from `kv_cache_bytes()`); on a GPU,
+        `gpu_memory_utilization` sizes it."""
         from vllm import LLM
 
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_drop_rotary_reload_warning)
@@ -117,6 +145,7 @@ class VLLMEngine:
         no_chunking = (
             {} if use_gpu else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(8192, max_model_len)}
         )
+        kv = {} if use_gpu else {"kv_cache_memory_bytes": kv_cache_bytes}
 
         # Tensor parallelism inside this actor: its placement bundle holds all tensor_parallel_size GPUs of one
         # node (placement.py), so vLLM starts its extra ranks as local processes, not as Ray actors of its own.
@@ -134,6 +163,7 @@ class VLLMEngine:
             enable_prefix_caching=enable_prefix_caching,
             **parallel,
             **no_chunking,
+            **kv,
         )
         if sleep:
             _check_sleep_mode()

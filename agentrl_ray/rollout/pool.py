@@ -25,6 +25,15 @@ from agentrl_ray.threads import ThreadPolicy
 from agentrl_ray.types import RolloutTimings, TrajectoryGroup, WeightUpdate
 
 
+def sequences_per_engine(cfg: Config) -> int:
+    """The most sequences one rollout call hands an engine at once (a step's or a held-out evaluation's rows split
+    over the workers, `group_size` or `eval_samples` each), capped by `max_num_seqs`: what its KV cache must hold."""
+    r = cfg.rollout
+    per_step = -(-r.prompts_per_step // r.num_workers) * r.group_size
+    per_eval = -(-cfg.data.eval_size // r.num_workers) * cfg.run.eval_samples
+    return min(r.max_num_seqs, max(per_step, per_eval))
+
+
 @dataclass
 class PendingSample:
     """A batch handed to the workers and not yet gathered (see `RolloutPool.start`)."""
@@ -65,7 +74,7 @@ class RolloutPool:
             .remote(tool_timeout_s=cfg.env.tool_timeout_s, isolation=cfg.env.isolation)
             for o in env_opts
         ]
-        runtime_env = {"env_vars": vllm_env(kv_cache_gib=r.kv_cache_gib, use_gpu=threads.engines_on_gpu)}
+        runtime_env = {"env_vars": vllm_env(use_gpu=threads.engines_on_gpu)}
         workers = [
             ray.remote(RolloutWorker)
             .options(runtime_env=runtime_env, max_restarts=engine_restarts, max_task_retries=0, **o)
@@ -81,6 +90,7 @@ class RolloutPool:
                 collective_backend(cfg),  # the same choice as the learner's sender (sync.sender.make_sender)
                 threads,
                 engine_modes(cfg, placed.plan.mode if placed else None),  # sleep between rollouts, native LoRA
+                kv_sequences=sequences_per_engine(cfg),
             )
             for i, o in enumerate(engine_opts)
         ]

@@ -23,7 +23,7 @@ from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.rewards import load_reward_functions, score
 from agentrl_ray.rewards.scoring import RewardState
 from agentrl_ray.rollout.agent_loop import Episode, run_episodes
-from agentrl_ray.rollout.engine import VLLMEngine
+from agentrl_ray.rollout.engine import VLLMEngine, kv_cache_bytes
 from agentrl_ray.sync.collective import CollectiveBackend
 from agentrl_ray.sync.receiver import WeightReceiver
 from agentrl_ray.threads import ThreadPolicy
@@ -44,7 +44,10 @@ class RolloutWorker:
         collective: CollectiveBackend,
         threads: ThreadPolicy,
         modes: EngineModes = EngineModes(),
+        kv_sequences: int | None = None,
     ) -> None:
+        """`kv_sequences`: the most sequences one rollout call runs on this engine at once (`pool.sequences_per_engine`;
+        default `max_num_seqs`), which sizes a CPU engine's KV cache unless `rollout.kv_cache_gib` is set."""
         # Before the engine starts: vLLM CPU freezes the thread count then (its env vars came with the process).
         torch.set_num_threads(threads.engine_threads())
         from transformers import AutoTokenizer
@@ -62,6 +65,13 @@ class RolloutWorker:
         # Decided once from the class: a turn-based environment (it defines step) talks in user turns, not tools.
         self.turn_based = callable(getattr(env_class, "step", None))
         self.reward_funcs = load_reward_functions(reward_cfg.functions)
+        kv_bytes = kv_cache_bytes(
+            model_path,
+            dtype=model_cfg.dtype,
+            gib=cfg.kv_cache_gib,
+            sequences=kv_sequences or cfg.max_num_seqs,
+            tokens=cfg.max_total_tokens,
+        )
         self.engine = VLLMEngine(
             model_path,
             dtype=model_cfg.dtype,
@@ -76,6 +86,7 @@ class RolloutWorker:
             engine_kwargs=cfg.engine_kwargs,
             sleep=modes.sleep,
             lora_rank=modes.lora_rank,
+            kv_cache_bytes=kv_bytes,
         )
         adapter = self.engine.set_adapter if modes.lora_rank else None  # native LoRA, else merged full weights
         self.weights = WeightReceiver(model_path, self.engine.load_weights, collective, load_adapter=adapter)
@@ -246,6 +257,11 @@ class RolloutWorker:
     def pid(self) -> int:
         """This actor's process id: a restart changes it (rollout/recovery.py); chaos tests kill it."""
         return os.getpid()
+
+    def kv_cache_tokens(self) -> int:
+        """Tokens of context the engine's KV cache holds, as vLLM allocated it (its blocks x block size)."""
+        cache = self.engine.llm.llm_engine.vllm_config.cache_config
+        return cache.num_gpu_blocks * cache.block_size
 
     async def receive_weights(self, update: WeightUpdate) -> int:
         return await self.weights.receive(update)

@@ -5,10 +5,12 @@ transformers model (a few AdamW steps), pushes them, then compares token for tok
 """
 
 import pytest
+import ray
 import torch
 
 from agentrl_ray.config import load_config
-from agentrl_ray.rollout.pool import RolloutPool
+from agentrl_ray.rollout.engine import kv_bytes_per_token
+from agentrl_ray.rollout.pool import RolloutPool, sequences_per_engine
 from agentrl_ray.sync.collective import collective_backend
 from agentrl_ray.sync.sender import CollectiveSender, ObjectStoreSender
 
@@ -130,6 +132,36 @@ def test_large_seeded_batch_is_scheduled_over_several_engine_steps(local_ray, bu
         groups, _ = pool.sample(rows, group_size=2, temperature=1.0, seed=9)
     finally:
         pool.shutdown()
+    trajs = [t for g in groups for t in g.trajectories]
+    assert len(trajs) == 300
+    assert all(t.finish_reason in ("answer", "length", "max_turns") and sum(t.action_mask) > 0 for t in trajs)
+
+
+def test_engines_kv_cache_is_sized_to_the_run(setup, builtin_model_path):
+    """vLLM allocated each engine the cache the run needs (its largest rollout call at the whole token budget), to
+    the MiB: not vLLM CPU's most-of-RAM default, nor a fixed GiB of which most would stay unused."""
+    cfg, pool = setup[0], setup[1]
+    need = sequences_per_engine(cfg) * cfg.rollout.max_total_tokens
+    tokens_per_mib = 2**20 // kv_bytes_per_token(builtin_model_path, cfg.model.dtype)
+    for tokens in ray.get([w.kv_cache_tokens.remote() for w in pool.workers]):
+        assert need <= tokens <= need + tokens_per_mib
+
+
+def test_a_short_kv_cache_queues_sequences(local_ray, builtin_model_path):
+    """A cache set by hand far below what a call needs (16 MiB: ~50 of 300 sequences at the whole token budget) makes
+    vLLM run the sequences in turns; every one of them still completes."""
+    from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
+
+    cfg = load_config(None, ["profile=cpu", "rollout.num_cpus_per_worker=1", f"rollout.kv_cache_gib={1 / 64}"])
+    pool = RolloutPool.create(cfg, builtin_model_path)
+    try:
+        (tokens,) = ray.get([w.kv_cache_tokens.remote() for w in pool.workers])
+        rows = make_arithmetic_rows(150, seed=6, split="eval")
+        groups, _ = pool.sample(rows, group_size=2, temperature=1.0, seed=3)
+    finally:
+        pool.shutdown()
+    assert tokens * kv_bytes_per_token(builtin_model_path, cfg.model.dtype) == 16 * 2**20
+    assert tokens < 300 * cfg.rollout.max_total_tokens / 5
     trajs = [t for g in groups for t in g.trajectories]
     assert len(trajs) == 300
     assert all(t.finish_reason in ("answer", "length", "max_turns") and sum(t.action_mask) > 0 for t in trajs)
