@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,12 @@ def check_run_dir(cfg: Config) -> Path | None:
     return resume.prepare(local) if local is not None else None
 
 
+def _ray_initialized() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
 def init_ray(cfg: Config, threads: ThreadPolicy) -> None:
     import ray
 
@@ -81,8 +88,9 @@ def init_ray(cfg: Config, threads: ThreadPolicy) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
     else:
-        # The dashboard also serves the state API that Ray Train's controller polls.
-        ray.init(runtime_env={"env_vars": env_vars})
+        from agentrl_ray import local_ray
+
+        ray.init(include_dashboard=False, runtime_env=local_ray.runtime_env(env_vars))  # see local_ray
 
 
 def place(cfg: Config, model_path: str):
@@ -137,14 +145,26 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
     model_path = resolve_model(cfg.model.path)
     train_rows = load_rows(cfg.data.train, cfg.data, split="train", size=cfg.data.train_size)
     eval_rows = load_rows(cfg.data.eval, cfg.data, split="eval", size=cfg.data.eval_size)
-    preflight.check(cfg, model_path, train_rows, eval_rows)  # bad input fails here, before Ray starts
     if cfg.learner.lora.quantize != "none":  # validate() allows it only with LoRA
         from agentrl_ray.learner.qlora import require_bitsandbytes
 
         require_bitsandbytes()  # QLoRA's library, named with its install step, before Ray starts
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    # The actors' environment depends only on overlap and the learner's device, known before the plan.
-    init_ray(cfg, ThreadPolicy.of(cfg))
+    started_ray = not _ray_initialized()
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as ex:
+        # The tokenizer (~3 s of imports on 2 cores) loads while Ray starts (~4 s, mostly its own processes). Bad
+        # input still fails in the preflight before any actor starts; a Ray started here is shut down then.
+        tokenizer = ex.submit(preflight.load_tokenizer, model_path)
+        # The actors' environment depends only on overlap and the learner's device, known before the plan.
+        init_ray(cfg, ThreadPolicy.of(cfg))
+        try:
+            preflight.check(cfg, model_path, train_rows, eval_rows, tokenizer.result())
+        except BaseException:
+            if started_ray:
+                import ray
+
+                ray.shutdown()
+            raise
 
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer

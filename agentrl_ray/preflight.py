@@ -1,8 +1,8 @@
-"""A dry pass over the config and the data before Ray starts: bad input fails before step 1, naming its row, column
-or key, instead of minutes into a run (an empty dataset was a ZeroDivisionError mid-run; a prompt over the token
-budget, a column `reset` needs, or an `env.kwargs` typo failed the first rollout).
+"""A dry pass over the config and the data before any actor starts: bad input fails before step 1, naming its row,
+column or key, instead of minutes into a run (an empty dataset was a ZeroDivisionError mid-run; a prompt over the
+token budget, a column `reset` needs, or an `env.kwargs` typo failed the first rollout).
 
-What is checked (`check`, called by `driver.train` right after the data is loaded):
+What is checked (`check`, called by `driver.train` once Ray is up, with the tokenizer it loaded while Ray started):
 - Each dataset (train and eval) is non-empty.
 - `env.kwargs` bind to the environment's constructor (`inspect.signature(...).bind`).
 - The environment's `reset(**row)` succeeds on a sample of rows (`SAMPLE_ROWS`, spread over the dataset): one
@@ -29,8 +29,9 @@ _REWARD_ARGUMENTS = frozenset({"prompts", "completions", "episode_stats", "env_r
 _WITHHELD = frozenset({"prompt", "completion", "completion_ids"})
 
 
-def check(cfg: Config, model_path: str, train_rows: list[dict], eval_rows: list[dict]) -> None:
-    """Raise ConfigError on the first problem found (see the module docstring)."""
+def check(cfg: Config, model_path: str, train_rows: list[dict], eval_rows: list[dict], tokenizer: Any = None) -> None:
+    """Raise ConfigError on the first problem found (see the module docstring). `tokenizer`: the model's, if the
+    caller loaded it already (`load_tokenizer`)."""
     from agentrl_ray.envs.base import env_class as make_env_class
     from agentrl_ray.rewards import load_reward_functions
 
@@ -41,7 +42,7 @@ def check(cfg: Config, model_path: str, train_rows: list[dict], eval_rows: list[
     env_class = make_env_class(cfg.env.name, tuple(cfg.env.tools))  # the class the env hosts build
     check_env_kwargs(env_class, cfg.env.kwargs, cfg.env.name)
     reward_funcs = load_reward_functions(cfg.reward.functions)
-    tokenizer = _tokenizer(model_path)
+    tokenizer = tokenizer or load_tokenizer(model_path)
     for key, spec, rows in datasets:
         where = f"{key} {spec!r}"
         extras = check_reset(env_class, cfg.env.kwargs, rows, where)
@@ -158,7 +159,7 @@ def check_reward_columns(fn: Callable, name: str, rows: list[dict], where: str) 
                 )
 
 
-def _tokenizer(model_path: str) -> Any:
+def load_tokenizer(model_path: str) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_path)

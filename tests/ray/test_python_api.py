@@ -21,17 +21,25 @@ def _evals(run_dir: Path) -> list[tuple]:
     return [(r["step"], r["eval/success"], r["eval/reward"]) for r in records if "eval/success" in r]
 
 
-def _run(cmd: list[str], tmp_path: Path) -> str:
+def _run(cmd: list[str], tmp_path: Path, returncode: int = 0) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # each run starts its own local Ray
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done.stdout
+    assert done.returncode == returncode, done.stderr[-4000:]
+    return done
+
+
+CLI = [sys.executable, "-m", "agentrl_ray.cli", "train", str(ROOT / "examples/calculator/config.yaml")]
 
 
 def test_readme_example_matches_the_cli(tmp_path):
     api_out = _run([sys.executable, str(ROOT / "examples/python_api/train.py"), *SMALL, "run.output_dir=api"], tmp_path)
-    cli = [sys.executable, "-m", "agentrl_ray.cli", "train", str(ROOT / "examples/calculator/config.yaml")]
-    _run([*cli, *SMALL, "run.output_dir=cli", "run.name=python_api"], tmp_path)
+    api_out = api_out.stdout
+    cli_run = _run([*CLI, *SMALL, "run.output_dir=cli", "run.name=python_api"], tmp_path)
+    # A local run starts Ray without its dashboard (agentrl_ray/local_ray.py), and Ray Train's helpers that poll the
+    # dashboard's state API (every second, for the whole run) stay quiet about its absence.
+    console = cli_run.stdout + cli_run.stderr
+    assert "Started a local Ray instance" in console and "dashboard" not in console
+    assert "Failed to query Ray Train Controller" not in console and "State API" not in console
 
     api, cli_evals = _evals(tmp_path / "api" / "python_api"), _evals(tmp_path / "cli" / "python_api")
     print(f"\nheld-out (step, success, reward): API {api} | CLI {cli_evals}")
@@ -40,3 +48,34 @@ def test_readme_example_matches_the_cli(tmp_path):
     assert "held-out success:" in api_out
     conversation = api_out.strip().splitlines()[-1]  # the generate(...) line: a list of OpenAI-style messages
     assert conversation.startswith("[{'role': 'assistant'")
+
+
+BAD_INPUT = """
+import sys
+import psutil
+import ray
+from agentrl_ray import driver
+from agentrl_ray.config import ConfigError, load_config
+
+cfg = load_config(sys.argv[1], sys.argv[2:])
+try:
+    driver.train(cfg)
+except ConfigError as exc:
+    print("refused:", exc)
+ray_children = [p.name() for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+print("ray initialized:", ray.is_initialized(), "| children:", sorted(ray_children))
+"""
+
+
+def test_bad_input_found_while_ray_starts_ends_the_run_cleanly(tmp_path):
+    """The preflight's tokenizer loads while Ray starts; a prompt over the token budget still fails before any actor
+    starts, naming the key to change, and the Ray that train() started is shut down while the caller (a notebook,
+    a script) goes on: nothing of it is left running."""
+    config = str(ROOT / "examples/calculator/config.yaml")
+    bad = ["rollout.max_total_tokens=50", "rollout.max_tokens_per_turn=8", "run.output_dir=out"]
+    done = _run([sys.executable, "-c", BAD_INPUT, config, *bad], tmp_path)
+    assert "Started a local Ray instance" in done.stderr  # Ray was up when the preflight failed
+    assert "refused: data.train 'builtin:arithmetic' row 0" in done.stdout
+    assert "rollout.max_total_tokens=50 leaves no room to generate" in done.stdout
+    assert "ray initialized: False | children: []" in done.stdout, done.stdout
+    assert not list(tmp_path.rglob("metrics.jsonl"))

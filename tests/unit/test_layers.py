@@ -17,6 +17,7 @@ LAYERS = {
     "config_help": 0,
     "profiles": 0,
     "threads": 0,
+    "local_ray": 0,
     "chat_format": 0,
     "algorithms": 0,
     "chunked_logprobs": 0,
