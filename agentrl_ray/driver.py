@@ -90,7 +90,11 @@ def init_ray(cfg: Config, threads: ThreadPolicy) -> None:
     else:
         from agentrl_ray import local_ray
 
-        ray.init(include_dashboard=False, runtime_env=local_ray.runtime_env(env_vars))  # see local_ray
+        ray.init(  # see local_ray
+            include_dashboard=False,
+            runtime_env=local_ray.runtime_env(env_vars),
+            _system_config=local_ray.SYSTEM_CONFIG,
+        )
 
 
 def place(cfg: Config, model_path: str):

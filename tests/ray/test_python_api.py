@@ -79,3 +79,30 @@ def test_bad_input_found_while_ray_starts_ends_the_run_cleanly(tmp_path):
     assert "rollout.max_total_tokens=50 leaves no room to generate" in done.stdout
     assert "ray initialized: False | children: []" in done.stdout, done.stdout
     assert not list(tmp_path.rglob("metrics.jsonl"))
+
+
+LOCAL_RAY = """
+import sys, time
+import psutil
+import ray
+from agentrl_ray import driver
+from agentrl_ray.config import load_config
+from agentrl_ray.threads import ThreadPolicy
+
+cfg = load_config(sys.argv[1], [])
+driver.init_ray(cfg, ThreadPolicy.of(cfg))
+time.sleep(4)  # the raylet starts prestarted workers as the first driver connects
+names = sorted(p.name() for p in psutil.Process().children(recursive=True))
+print("children:", names)
+print("watcher:", ray.get_runtime_context().runtime_env["env_vars"]["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"])
+"""
+
+
+def test_a_local_ray_starts_no_process_the_run_cannot_use(tmp_path):
+    """A local run's Ray: no idle workers started ahead of the actors (each actor takes a process of its own runtime
+    environment), and Ray Train told not to start its preemption watcher (local_ray.py)."""
+    done = _run([sys.executable, "-c", LOCAL_RAY, str(ROOT / "examples/calculator/config.yaml")], tmp_path)
+    children = done.stdout.split("children:")[1].splitlines()[0]
+    assert "raylet" in children and "gcs_server" in children
+    assert "ray::IDLE" not in children
+    assert "watcher: 0" in done.stdout
