@@ -6,8 +6,13 @@ their gradient. Here the head's matmul runs chunk by chunk over tokens (logits o
 gather, drop), and backward recomputes each chunk's logits instead of keeping them: peak memory is one chunk's
 (chunk, V) temporaries whatever the batch, for one extra head matmul (the head is ~1/4 of a 0.5B model's FLOPs).
 
+Only the positions a loss reads are computed (`needed`): a prompt's tokens and padding are in no loss, and at a real
+vocabulary the head is ~1/3 of the LoRA learner's arithmetic per token (its matmul forward, again in the recompute and
+once more in backward), so a prompt of P tokens in a sequence of T saves that share of P/T of the head.
+
 The result equals `algorithms.token_logprobs_and_entropy(hidden @ weight.T, ...)` up to float rounding, gradients
-included (`tests/unit/test_chunked_logprobs.py`). Plain torch: the learner (`learner/policy.py`) calls it.
+included, at every needed position, and is 0 elsewhere (`tests/unit/test_chunked_logprobs.py`). Plain torch: the
+learner (`learner/policy.py`) calls it.
 """
 
 from __future__ import annotations
@@ -92,12 +97,14 @@ def hidden_token_logprobs(
     temperature: float = 1.0,
     chunk: int | None = None,
     compute_dtype: torch.dtype | None = None,
+    needed: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log p(input_ids[:, t] | input_ids[:, :t]) and entropy, (B, T) each, from the last hidden states
     (B, T, H) and the head's weight (V, H); position 0 has no prediction and gets 0 (as token_logprobs_and_entropy).
 
     `chunk`: tokens per chunk (default: `chunk_tokens_for(V)`). `compute_dtype`: the head matmul's dtype (default:
-    the autocast dtype when autocast is on, else the weight's).
+    the autocast dtype when autocast is on, else the weight's). `needed` (B, T): the positions whose log-prob the
+    caller reads (e.g. action or environment tokens); the others are not computed and get 0.
     """
     bsz, seqlen, width = hidden.shape
     if compute_dtype is None:
@@ -106,8 +113,15 @@ def hidden_token_logprobs(
     chunk = chunk or chunk_tokens_for(weight.shape[0])
     flat = hidden[:, :-1].reshape(-1, width)  # (B*(T-1), H): position t predicts token t + 1
     targets = input_ids[:, 1:].reshape(-1)
+    rows = None
+    if needed is not None:
+        rows = needed[:, 1:].reshape(-1).nonzero().squeeze(-1)  # (n,) flat positions that are read
+        flat, targets = flat.index_select(0, rows), targets.index_select(0, rows)  # (n, H), (n,)
     with torch.autocast(hidden.device.type, enabled=False):  # dtypes are explicit inside
         logp, ent = _HiddenTokenLogProb.apply(flat, weight, targets, temperature, chunk, compute_dtype, with_entropy)
+    if rows is not None:  # back to (B*(T-1),), zeros where nothing was computed
+        logp = logp.new_zeros(bsz * (seqlen - 1)).index_copy(0, rows, logp)
+        ent = ent.new_zeros(bsz * (seqlen - 1)).index_copy(0, rows, ent) if with_entropy else ent
     first = logp.new_zeros((bsz, 1))
     logprobs = torch.cat([first, logp.view(bsz, seqlen - 1)], dim=1)  # (B, T)
     entropy = torch.cat([first, ent.view(bsz, seqlen - 1)], dim=1) if with_entropy else None

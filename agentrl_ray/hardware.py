@@ -195,13 +195,30 @@ def detect_gpus() -> list[GPUInfo]:
     return gpus + amd[: _visible("HIP_VISIBLE_DEVICES", len(amd))]
 
 
+def emulated_bf16_warning(cpu: CPUInfo, setting: str) -> str | None:
+    """A warning for `setting` (bfloat16 math on this CPU) when the CPU has no native bfloat16: oneDNN then converts
+    every operand to float32, and a bfloat16 matmul measured 5.2x slower than a float32 one (docs/benchmarks.md).
+    None on a CPU with AVX512_BF16 or AMX, or one whose flags are unknown."""
+    if cpu.bf16 or not cpu.flags:
+        return None
+    return (
+        f"{setting} on a CPU without native bfloat16 (no AVX512_BF16 or AMX: {cpu.model}): bfloat16 matmuls are "
+        "emulated, ~5x slower than float32 on such a CPU; float32 is faster here (docs/benchmarks.md)"
+    )
+
+
+def this_cpu() -> CPUInfo:
+    """The CPU of the machine this process runs on (empty where /proc/cpuinfo does not exist)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    return parse_cpuinfo(cpuinfo.read_text()) if cpuinfo.exists() else CPUInfo()
+
+
 def detect_hardware() -> Hardware:
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
         ram = 0.0
-    cpuinfo = Path("/proc/cpuinfo")
-    cpu = parse_cpuinfo(cpuinfo.read_text()) if cpuinfo.exists() else CPUInfo()
+    cpu = this_cpu()
     devices = detect_gpus()
     gpus = len(devices)
     if not devices and os.environ.get("CUDA_VISIBLE_DEVICES"):

@@ -3,6 +3,7 @@
     export AGENTRL_CACHE=$PWD/.cache/agentrl_ray
     python benchmarks/generation_phases.py --model qwen05b --prompts 8 --group 8 --decode 32 \
         --out benchmarks/results/generation_phases_05b.json
+    python benchmarks/generation_phases.py --dtype float32 --block-size 128 ...   # vLLM CPU's default block
 
 `prompts` distinct prompts of `--prompt-len` tokens (ids of the built-in tokenizer), each sampled `group` times at
 temperature 1 with the learner's seeding, lengths forced (`ignore_eos`). Prefill = `generate(max_tokens=1)` with the
@@ -10,6 +11,8 @@ prefix cache emptied first (so each distinct prompt is computed once, the group'
 step); decode = `generate(max_tokens=1 + decode)` minus that prefill, per decode iteration. Per-iteration times at
 a few hundred tokens of context are dominated by the weights and the MLP, so `--decode 32` extrapolates to 256
 tokens by x 256/32 (stated as such in docs/benchmarks.md); the attention share is computed in the roofline.
+`prefill_tokens_cached`: the prompt tokens vLLM served from its prefix cache in the prefill call (a group's copies
+share the prompt's whole KV blocks: `--block-size`, our CPU engine's 32 unless given).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def main() -> None:
     p.add_argument("--decode", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--block-size", type=int, default=0, help="KV block size (0: the engine's CPU default)")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     from agentrl_ray.rollout.engine import vllm_env
@@ -61,7 +65,9 @@ def main() -> None:
         gpu_memory_utilization=0.9,
         use_gpu=False,
         kv_cache_bytes=2 * 2**30,
+        engine_kwargs={"block_size": a.block_size} if a.block_size else None,
     )
+    block_size = engine.llm.llm_engine.vllm_config.cache_config.block_size
     load_s = time.perf_counter() - t0
     rng = random.Random(0)
     distinct = [[rng.randrange(10, 370) for _ in range(a.prompt_len)] for _ in range(a.prompts)]
@@ -78,6 +84,12 @@ def main() -> None:
 
     run(2)  # warm-up
     prefill = min(run(1) for _ in range(2))
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine.llm.reset_prefix_cache()
+    outs = engine.llm.generate([TokensPrompt(prompt_token_ids=q) for q in prompts], SamplingParams(max_tokens=1))
+    cached = sum(o.num_cached_tokens for o in outs)
     total = min(run(1 + a.decode) for _ in range(2))
     decode_iter = (total - prefill) / a.decode
     out = {
@@ -88,7 +100,9 @@ def main() -> None:
         "distinct_prompts": a.prompts,
         "prompt_len": a.prompt_len,
         "load_s": load_s,
+        "block_size": block_size,
         "prefill_s": prefill,
+        "prefill_tokens_cached": cached,
         # Prefix caching shares a group's prompt only once its blocks are computed: between these two counts.
         "prefill_tokens_at_least": a.prompts * a.prompt_len,
         "prefill_tokens_at_most": n * a.prompt_len,

@@ -12,7 +12,11 @@ that its peak RSS is its own:
 - `fp32base_chunked`: the same with `learner.chunked_logprobs` (the current default);
 - `bf16base_chunked`: the frozen base loaded in bfloat16 (adapter float32): no float32 copy, no per-call casts;
 - `nf4base_chunked`: QLoRA (`learner.lora.quantize=nf4`): the blocks' Linear weights in 4-bit NF4 (bitsandbytes,
-  loaded by the learner's own `qlora.load_quantized`), the embedding/head in bfloat16.
+  loaded by the learner's own `qlora.load_quantized`), the embedding/head in bfloat16;
+- `fp32_chunked`: float32 throughout, no autocast (our learner without `learner.bf16`: the choice on a CPU without
+  native bfloat16, where bfloat16 GEMMs are emulated);
+- `fp32_chunked_scored`: the same, the head computed only where a loss reads it (the completion, after the first
+  `--prompt-len` tokens: `needed` of chunked_logprobs, as the learner passes it).
 Times are the best of `--repeats` steps after one warm-up step; per token = / (samples * seq).
 """
 
@@ -29,7 +33,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-VARIANTS = ("fp32base_full", "fp32base_chunked", "bf16base_chunked", "nf4base_chunked")
+VARIANTS = (
+    "fp32base_full",
+    "fp32base_chunked",
+    "bf16base_chunked",
+    "nf4base_chunked",
+    "fp32_chunked",
+    "fp32_chunked_scored",
+)
 
 
 def current_rss_gib() -> float:
@@ -39,7 +50,7 @@ def current_rss_gib() -> float:
     return kib / 2**20
 
 
-def one(variant: str, samples: int, seq: int, threads: int, repeats: int) -> dict:
+def one(variant: str, samples: int, seq: int, threads: int, repeats: int, prompt_len: int) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
     from qwen05b_shape import ensure_qwen05b_shape
@@ -74,14 +85,18 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int) -> dic
     ids = torch.randint(0, 370, (samples, seq))
     mask = torch.ones_like(ids)
     head = model_head(model)
+    needed = None
+    if variant.endswith("scored"):
+        needed = torch.zeros(ids.shape, dtype=torch.bool)
+        needed[:, prompt_len:] = True
 
     def step() -> dict[str, float]:
         t = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            if variant.endswith("chunked"):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not variant.startswith("fp32_")):
+            if "chunked" in variant:
                 with hidden_states_out(head):
                     hidden = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-                logp, _ = hidden_token_logprobs(hidden, head.weight, ids)
+                logp, _ = hidden_token_logprobs(hidden, head.weight, ids, needed=needed)
             else:
                 logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
                 logp, _ = token_logprobs_and_entropy(logits, ids)
@@ -124,17 +139,18 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=316)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--prompt-len", type=int, default=60, help="tokens of each sequence no loss reads (`scored`)")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     if a.one:
-        print(json.dumps(one(a.one, a.samples, a.seq, a.threads, a.repeats)))
+        print(json.dumps(one(a.one, a.samples, a.seq, a.threads, a.repeats, a.prompt_len)))
         return
     rows = []
     for v in a.variants.split(","):
         cmd = [sys.executable, __file__, "--one", v, f"--samples={a.samples}", f"--seq={a.seq}"]
-        cmd += [f"--threads={a.threads}", f"--repeats={a.repeats}"]
+        cmd += [f"--threads={a.threads}", f"--repeats={a.repeats}", f"--prompt-len={a.prompt_len}"]
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if res.returncode != 0:
             print(f"{v}: failed: {res.stderr[-600:]}")

@@ -198,6 +198,9 @@ def steady_state(run: dict, s: Settings) -> tuple[dict, dict]:
         "sampled_tokens_per_s": sum(run["sampled_tokens_all"][inner]) / window,
         "trained_tokens_per_s": sum(run["trained_tokens_all"][inner]) / window,
         "cpu_s_per_step": cpu["tree_cpu_s"] / (n - 2),
+        # Everything the tree computed from its start to the end of step 1 (start-up and the first step): on a
+        # machine of C cores, start-up cannot take less than this / C while every role competes for the cores.
+        "cpu_s_to_first_step_end": sum(seconds for _, seconds in run["marks"][0]["cpu_s"].values()),
         "others_core_share": cpu["others_core_share"],
         "peak_rss_gib": run["peak_rss_gib"],
         "peak_pss_gib": run["peak_pss_gib"],
@@ -291,6 +294,7 @@ METRICS = [  # (key, label, format)
     ("step_s_logged", "step as the trainer logs it (s)", "{:.2f}"),
     ("rollout_s", "rollout part of a step (s)", "{:.2f}"),
     ("cpu_s_per_step", "CPU-seconds per step (tree)", "{:.2f}"),
+    ("cpu_s_to_first_step_end", "CPU-seconds from start to the end of step 1 (tree)", "{:.1f}"),
     ("others_core_share", "cores kept busy by other work", "{:.0%}"),
     ("samples_per_s", "samples/s", "{:.1f}"),
     ("sampled_tokens_per_s", "sampled tokens/s", "{:.0f}"),

@@ -46,12 +46,18 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
     mbs = [(mb.to(policy.device), w) for mb, w in micro_batches(mine, n_micro)]
     coeff = echo_coeff_at(cfg.echo, step)
     old = [mb.rollout_logprobs for mb, _ in mbs]
+    # Every loss and metric reads log-probs through the action or environment mask: prompt and padding positions
+    # are never scored (chunked_logprobs skips their share of the head).
+    scored = [(mb.action_mask + mb.env_mask) > 0 for mb, _ in mbs]  # (b, t) each
     if a.tis_cap > 0:  # PPO ratio against the learner's own recomputation; TIS weights the rollout mismatch
         with torch.no_grad():
-            old = [policy.token_logprobs(mb.input_ids, mb.attention_mask, False)[0] for mb, _ in mbs]
+            old = [
+                policy.token_logprobs(mb.input_ids, mb.attention_mask, False, needed=s)[0]
+                for (mb, _), s in zip(mbs, scored)
+            ]
     refs = [None] * len(mbs)
     if a.beta > 0:
-        refs = [policy.reference_logprobs(mb.input_ids, mb.attention_mask) for mb, _ in mbs]
+        refs = [policy.reference_logprobs(mb.input_ids, mb.attention_mask, s) for (mb, _), s in zip(mbs, scored)]
     sums: dict[str, float] = {}
     t_opt = 0.0
     lr = lr_at(
@@ -68,7 +74,7 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
         for i, (mb, weight) in enumerate(mbs):
             last = i == len(mbs) - 1
             with policy.grad_sync_context(last):
-                logprobs, entropy = policy.token_logprobs(mb.input_ids, mb.attention_mask)  # (b, t) each
+                logprobs, entropy = policy.token_logprobs(mb.input_ids, mb.attention_mask, needed=scored[i])
                 loss, metrics = compute_loss(
                     logprobs,
                     entropy,
@@ -138,7 +144,9 @@ def env_token_ce(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, pad
     for mb, weight in micro_batches(mine, n_micro):
         mb = mb.to(policy.device)
         with torch.no_grad():
-            logprobs, _ = policy.token_logprobs(mb.input_ids, mb.attention_mask, False, model=policy.module)
+            logprobs, _ = policy.token_logprobs(
+                mb.input_ids, mb.attention_mask, False, model=policy.module, needed=mb.env_mask > 0
+            )
         sums[0] -= weight * float((logprobs * mb.env_mask).sum())
         sums[1] += weight * float(mb.env_mask.sum())
     if world > 1:

@@ -7,6 +7,7 @@ and `save`/`load`. DeepSpeed details (its config, ZeRO-3's partitioned build and
 from __future__ import annotations
 
 import contextlib
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,14 @@ import torch
 from agentrl_ray.algorithms import token_logprobs_and_entropy
 from agentrl_ray.chunked_logprobs import hidden_token_logprobs
 from agentrl_ray.config import LearnerConfig, ModelConfig
+from agentrl_ray.hardware import emulated_bf16_warning, this_cpu
 from agentrl_ray.learner import qlora, zero
 from agentrl_ray.sync.packing import load_safetensors_folder
 
 TRAINER_STATE = "trainer_state.pt"
 # DeepSpeed keeps a file named "latest" that names the tag folder: the tag must be another name.
 DEEPSPEED_TAG = "state"
+log = logging.getLogger("agentrl_ray")
 
 
 def lora_tensors(peft_model) -> list[tuple[str, torch.Tensor]]:
@@ -55,6 +58,10 @@ class Policy:
             # The frozen base needs no float32 master copy: bf16 halves its memory and spares autocast's per-call
             # casts of every weight (PEFT keeps the adapter, the only trained part, in float32).
             load_dtype = torch.bfloat16
+        if cfg.bf16 and not cfg.use_gpu and self.rank == 0:
+            warning = emulated_bf16_warning(this_cpu(), "learner.bf16=true")
+            if warning:
+                log.warning("%s", warning)
         quantized = cfg.lora.quantize != "none"  # validate() allows it only with LoRA
         if quantized:
             model = qlora.load_quantized(model_path, cfg, self.device)  # placed on the device while loading
@@ -126,10 +133,17 @@ class Policy:
             return self.wrapped(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B,T,V)
 
     def token_logprobs(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, with_entropy: bool = True, *, model=None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        with_entropy: bool = True,
+        *,
+        model=None,
+        needed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs and entropy (B, T) of `model` (default: the wrapped policy). With
-        `learner.chunked_logprobs` the head runs chunk by chunk on the last hidden states (no (B, T, V) logits)."""
+        `learner.chunked_logprobs` the head runs chunk by chunk on the last hidden states (no (B, T, V) logits),
+        only at the `needed` (B, T) positions when given (the others are 0: read them through a mask)."""
         model = self.wrapped if model is None else model
         head = model_head(model) if self.cfg.chunked_logprobs and not self.partitioned else None
         with self.autocast():
@@ -138,14 +152,16 @@ class Policy:
                 return token_logprobs_and_entropy(logits, input_ids, with_entropy)
             with hidden_states_out(head):
                 hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B,T,H)
-            return hidden_token_logprobs(hidden, head.weight, input_ids, with_entropy)
+            return hidden_token_logprobs(hidden, head.weight, input_ids, with_entropy, needed=needed)
 
     @torch.no_grad()
-    def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def reference_logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, needed: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.reference is not None:
-            return self.token_logprobs(input_ids, attention_mask, False, model=self.reference)[0]
+            return self.token_logprobs(input_ids, attention_mask, False, model=self.reference, needed=needed)[0]
         with self.module.disable_adapter():
-            return self.token_logprobs(input_ids, attention_mask, False, model=self.module)[0]
+            return self.token_logprobs(input_ids, attention_mask, False, model=self.module, needed=needed)[0]
 
     def grad_sync_context(self, sync: bool):
         """DDP all-reduces only on the last micro-batch of a step."""

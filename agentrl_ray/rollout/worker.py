@@ -8,6 +8,7 @@ learner step are applied by its `sync.receiver.WeightReceiver` (this actor only 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from typing import Any
@@ -20,6 +21,7 @@ from agentrl_ray.engine_modes import EngineModes
 from agentrl_ray.envs.base import env_class as make_env_class
 from agentrl_ray.envs.base import tool_schemas
 from agentrl_ray.envs.client import EnvClient
+from agentrl_ray.hardware import emulated_bf16_warning, this_cpu
 from agentrl_ray.rewards import load_reward_functions, score
 from agentrl_ray.rewards.scoring import RewardState
 from agentrl_ray.rollout.agent_loop import Episode, run_episodes
@@ -28,6 +30,8 @@ from agentrl_ray.sync.collective import CollectiveBackend
 from agentrl_ray.sync.receiver import WeightReceiver
 from agentrl_ray.threads import ThreadPolicy
 from agentrl_ray.types import RolloutTimings, Trajectory, TrajectoryGroup, WeightUpdate, role_masks
+
+log = logging.getLogger("agentrl_ray")
 
 
 class RolloutWorker:
@@ -65,6 +69,10 @@ class RolloutWorker:
         # Decided once from the class: a turn-based environment (it defines step) talks in user turns, not tools.
         self.turn_based = callable(getattr(env_class, "step", None))
         self.reward_funcs = load_reward_functions(reward_cfg.functions)
+        if model_cfg.dtype == "bfloat16" and not threads.engines_on_gpu:
+            warning = emulated_bf16_warning(this_cpu(), "model.dtype=bfloat16 for a CPU engine")
+            if warning:
+                log.warning("%s", warning)
         kv_bytes = kv_cache_bytes(
             model_path,
             dtype=model_cfg.dtype,

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from agentrl_ray import chunked_logprobs
 from agentrl_ray.algorithms import token_logprobs_and_entropy
 from agentrl_ray.chunked_logprobs import chunk_tokens_for, hidden_token_logprobs
 
@@ -37,6 +38,36 @@ def test_equals_unchunked_in_float64(chunk, temperature):
     for name, a, b in zip(("logprobs", "entropy", "d hidden", "d weight"), got, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=name)
     assert got[0][:, 0].eq(0).all() and got[1][:, 0].eq(0).all()  # position 0 has no prediction
+
+
+@pytest.mark.parametrize("chunk", [2, 1000])
+def test_only_needed_positions_are_computed_and_they_equal_the_full_ones(chunk, monkeypatch):
+    """`needed` (a prompt and padding left out): the needed positions' values and every gradient equal those of the
+    full computation read through the same mask; the others are 0 and the head sees only the needed rows."""
+    hidden, weight, ids, upstream = _case(torch.float64)
+    needed = torch.zeros(ids.shape, dtype=torch.bool)
+    needed[0, 3:] = needed[1, 5:7] = True  # row 2 needs nothing (a filler micro-batch row)
+    masked = upstream * needed
+    ref = _grads(_unchunked(1.0), hidden, weight, ids, masked)
+    fn = lambda h, w, i: hidden_token_logprobs(h, w, i, chunk=chunk, needed=needed)  # noqa: E731
+    head_rows = []
+    scaled = chunked_logprobs._scaled_logits
+    monkeypatch.setattr(chunked_logprobs, "_scaled_logits", lambda h, *a: head_rows.append(len(h)) or scaled(h, *a))
+    got = _grads(fn, hidden, weight, ids, masked)
+    assert sum(head_rows) == 2 * int(needed[:, 1:].sum())  # forward and backward's recompute, needed rows only
+    torch.testing.assert_close(got[0][needed], ref[0][needed], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(got[1][needed], ref[1][needed], rtol=1e-10, atol=1e-10)
+    assert got[0][~needed].eq(0).all() and got[1][~needed].eq(0).all()
+    torch.testing.assert_close(got[2], ref[2], rtol=1e-10, atol=1e-10, msg="d hidden")
+    torch.testing.assert_close(got[3], ref[3], rtol=1e-10, atol=1e-10, msg="d weight")
+    assert got[2][2].eq(0).all() and got[2][0, :2].eq(0).all()  # no gradient reaches what was not scored
+
+
+def test_nothing_needed_gives_zeros_and_a_connected_graph():
+    hidden, weight, ids, _ = _case(torch.float32)
+    logp, _ = hidden_token_logprobs(hidden, weight, ids, False, needed=torch.zeros(ids.shape, dtype=torch.bool))
+    logp.sum().backward()
+    assert logp.eq(0).all() and hidden.grad.eq(0).all()
 
 
 def test_gradcheck():

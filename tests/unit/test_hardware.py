@@ -6,7 +6,15 @@ from pathlib import Path
 import pytest
 
 from agentrl_ray.config import Config, _build, deep_merge
-from agentrl_ray.hardware import CPUInfo, GPUInfo, Hardware, parse_cpuinfo, parse_nvidia_smi, parse_rocm_smi
+from agentrl_ray.hardware import (
+    CPUInfo,
+    GPUInfo,
+    Hardware,
+    emulated_bf16_warning,
+    parse_cpuinfo,
+    parse_nvidia_smi,
+    parse_rocm_smi,
+)
 from agentrl_ray.profiles import profile_preset, resolve_profile
 from agentrl_ray.sizing import cpus_requested
 from agentrl_ray.stability import STABILITY, stability_preset
@@ -59,6 +67,17 @@ def test_bf16_only_where_the_isa_has_it():
     assert profile_preset("cpu", Hardware(16, 64, 0, cpu=zen4))["learner"]["bf16"] is True
     assert profile_preset("cpu", Hardware(16, 64, 0, cpu=zen3))["learner"]["bf16"] is False
     assert "bf16" not in profile_preset("cpu", Hardware(2, 16, 0, cpu=zen4))["learner"]  # not a workstation
+
+
+def test_bf16_asked_for_on_a_cpu_that_emulates_it_is_warned_about():
+    zen4 = parse_cpuinfo(read("cpuinfo_ryzen_7950x.txt"))
+    zen3 = parse_cpuinfo(read("cpuinfo_epyc_7313p.txt"))
+    xeon_amx = parse_cpuinfo(read("cpuinfo_xeon_6434_2s.txt"))
+    warning = emulated_bf16_warning(zen3, "learner.bf16=true")
+    assert warning.startswith("learner.bf16=true on a CPU without native bfloat16") and zen3.model in warning
+    assert emulated_bf16_warning(zen4, "learner.bf16=true") is None
+    assert emulated_bf16_warning(xeon_amx, "learner.bf16=true") is None
+    assert emulated_bf16_warning(CPUInfo(), "learner.bf16=true") is None  # flags unknown: say nothing
 
 
 def test_engines_scale_with_cores():
