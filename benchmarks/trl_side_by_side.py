@@ -385,6 +385,13 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "trl_side_by_side.json")
     p.add_argument("--no-write", action="store_true", help="do not write --out")
     p.add_argument("--report", type=Path, help="recompute the tables from a JSON this script wrote; run nothing")
+    p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES), help="which trainers to run")
+    p.add_argument(
+        "--reuse",
+        type=Path,
+        help="a JSON of this script with the same settings (our-side-only ones aside): its runs of the sides not "
+        "run now join the tables (e.g. TRL's 0.5B runs, ~30 min, against a change on our side)",
+    )
     args = p.parse_args()
     if args.report:
         return report(args.report)
@@ -394,10 +401,23 @@ def main() -> None:
     Path(s.work_dir).mkdir(parents=True, exist_ok=True)
     lens = prompt_lengths(s)
     runs = []
+    if args.reuse:
+        before = json.loads(args.reuse.read_text())
+        # What may differ: our side's own settings, and the micro-batch (memory only: the loss is a token mean over
+        # the step's whole batch however it is split); the reused runs keep their own settings in their record.
+        free = {"staleness", "work_dir", "micro_batch"}
+        differ = {k for k, v in asdict(s).items() if k not in free and before["settings"].get(k) != v}
+        if differ:
+            p.error(f"--reuse {args.reuse}: settings differ ({', '.join(sorted(differ))})")
+        runs = [
+            {**r, "reused_from": str(args.reuse), "settings": before["settings"]}
+            for r in before["runs"]
+            if r["side"] not in args.sides and r["task"] in args.tasks
+        ]
     dest = None if args.no_write else args.out
     for rep in range(s.repeats):
         for task in args.tasks:
-            for side in SIDES if rep % 2 == 0 else SIDES[::-1]:
+            for side in [x for x in (SIDES if rep % 2 == 0 else SIDES[::-1]) if x in args.sides]:
                 print(f"repeat {rep} task {task}: {side} ...", flush=True)
                 runs.append(measure(s, task, rep, side, lens))
                 if dest:  # after every run: a later failure keeps what was measured
