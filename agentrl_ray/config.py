@@ -273,6 +273,12 @@ class LearnerConfig:
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass (Hugging Face `gradient_checkpointing_enable`):
     activation memory of one layer instead of all, for ~30% more compute. Works with DDP, DeepSpeed and LoRA."""
+    compile: bool = False
+    """Compile each decoder layer with `torch.compile` (inductor, dynamic shapes: one compiled graph serves every
+    layer, micro-batch and sequence length), fusing the layer's non-matmul work (norms, rotary, activations, LoRA's
+    extra matmuls and adds). The first step pays the compilation (tens of seconds on a few cores; inductor caches it
+    on disk for the next run); on a CPU it needs a C++ compiler. Not with ZeRO-3 (partitioned parameters). Measured
+    in docs/benchmarks.md."""
     offload_optimizer: bool = False
     """DeepSpeed only: keep optimizer state (and the fp32 master weights) in CPU memory, stepped by DeepSpeed's CPU
     Adam (`zero_optimization.offload_optimizer`)."""
@@ -689,6 +695,11 @@ def validate(cfg: Config) -> None:
     need(
         not (lr.lora.enabled and lr.backend == "deepspeed" and lr.zero_stage == 3),
         "learner.lora with DeepSpeed ZeRO-3 is not supported: use zero_stage<=2",
+    )
+    need(
+        not (lr.compile and lr.backend == "deepspeed" and lr.zero_stage == 3),
+        "learner.compile with DeepSpeed ZeRO-3 is not supported (its partitioned parameters are gathered by hooks "
+        "inside each layer): use zero_stage<=2 or learner.compile=false",
     )
     need(
         lr.lora.quantize == "none" or lr.lora.enabled,

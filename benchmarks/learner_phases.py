@@ -17,6 +17,8 @@ that its peak RSS is its own:
   native bfloat16, where bfloat16 GEMMs are emulated);
 - `fp32_chunked_scored`: the same, the head computed only where a loss reads it (the completion, after the first
   `--prompt-len` tokens: `needed` of chunked_logprobs, as the learner passes it).
+- `*_compiled`: the same with every decoder layer compiled (`torch.compile`, inductor, dynamic shapes: one graph
+  serves all layers and sequence lengths); the first step, which compiles, is reported as `compile_step_s`.
 Times are the best of `--repeats` steps after one warm-up step; per token = / (samples * seq).
 """
 
@@ -40,6 +42,9 @@ VARIANTS = (
     "nf4base_chunked",
     "fp32_chunked",
     "fp32_chunked_scored",
+    "fp32_chunked_scored_compiled",
+    "bf16base_chunked_scored",
+    "bf16base_chunked_scored_compiled",
 )
 
 
@@ -77,6 +82,9 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int, prompt
         model, LoraConfig(r=ours.r, lora_alpha=ours.alpha, lora_dropout=0.0, target_modules=ours.target_modules)
     )
     model.config.use_cache = False
+    if variant.endswith("compiled"):
+        for layer in model.base_model.model.model.layers:
+            layer.compile(dynamic=True)
     load_s = time.perf_counter() - t0
     gc.collect()
     rss_after_load = current_rss_gib()
@@ -86,7 +94,7 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int, prompt
     mask = torch.ones_like(ids)
     head = model_head(model)
     needed = None
-    if variant.endswith("scored"):
+    if "scored" in variant:
         needed = torch.zeros(ids.shape, dtype=torch.bool)
         needed[:, prompt_len:] = True
 
@@ -110,7 +118,9 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int, prompt
         t_opt = time.perf_counter()
         return {"forward_s": t_fwd - t, "backward_s": t_bwd - t_fwd, "optimizer_s": t_opt - t_bwd}
 
-    step()  # warm-up
+    t_first = time.perf_counter()
+    step()  # warm-up (and compilation)
+    compile_step_s = time.perf_counter() - t_first
     runs = [step() for _ in range(repeats)]
     best = {k: min(r[k] for r in runs) for k in runs[0]}
     tokens = samples * seq
@@ -122,6 +132,7 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int, prompt
         "tokens": tokens,
         "threads": threads,
         "load_s": load_s,
+        "compile_step_s": compile_step_s,
         **best,
         "step_s": sum(best.values()),
         "tokens_per_s": tokens / sum(best.values()),

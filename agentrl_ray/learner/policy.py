@@ -98,6 +98,10 @@ class Policy:
         # ZeRO-3: DeepSpeed places the partitions; a quantized model is already on its device and cannot move.
         self.module = model if self.partitioned or quantized else model.to(self.device)
         self.module.config.use_cache = False
+        if cfg.compile:  # validate() refuses it under ZeRO-3
+            compiled = compile_layers(self.module, self.device)
+            if self.rank == 0:
+                log.info("learner.compile: %d decoder layers compile during the first step", compiled)
         params = [p for p in self.module.parameters() if p.requires_grad]
         if self.ds_config is not None:
             self.engine, self.optimizer = zero.initialize(self.module, params, self.ds_config)
@@ -278,6 +282,37 @@ def hidden_states_out(head: torch.nn.Linear):
         yield
     finally:
         del head.forward
+
+
+def compile_layers(model, device: torch.device) -> int:
+    """`torch.compile` each decoder layer in place (`nn.Module.compile`: parameter names and state dicts unchanged),
+    with dynamic shapes so that one graph serves every layer, micro-batch and sequence length; the head and the
+    embedding stay eager (chunked_logprobs runs the head). The layers are the modules whose class the model names in
+    `_no_split_modules` (Hugging Face's list of its repeated blocks). Returns how many were compiled.
+
+    On a CPU, inductor compiles C++ at the first step: a missing compiler is reported here, before any step runs."""
+    if device.type == "cpu":
+        from torch._inductor import cpp_builder
+
+        try:
+            cpp_builder.get_cpp_compiler()
+        except Exception as e:  # inductor's InvalidCxxCompiler, or its search failing otherwise
+            raise RuntimeError(
+                "learner.compile=true on a CPU needs a C++ compiler for torch.compile's inductor (g++ or clang; "
+                f"set CXX to choose one) and none was found ({type(e).__name__}): install one (e.g. apt install g++) "
+                "or set learner.compile=false"
+            ) from e
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the HF model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(
+            f"learner.compile=true: {type(base).__name__} names no repeated decoder layer (_no_split_modules is "
+            f"{sorted(names)}), so there is nothing to compile layer by layer; set learner.compile=false"
+        )
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
 
 
 def enable_gradient_checkpointing(model) -> None:

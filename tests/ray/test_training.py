@@ -77,13 +77,15 @@ def test_steps_change_weights_then_resume_continues(local_ray, builtin_model_pat
         ["learner.backend=deepspeed", "learner.zero_stage=2", "learner.num_workers=2"],
         ["profile=lora", "learner.lora.r=4"],
         ["profile=lora", "learner.lora.r=4", "learner.lora.quantize=nf4", "learner.bf16=true"],
+        ["profile=lora", "learner.lora.r=4", "learner.compile=true"],
     ],
-    ids=["deepspeed-zero2-2-workers", "lora", "qlora"],
+    ids=["deepspeed-zero2-2-workers", "lora", "qlora", "lora-compiled"],
 )
 def test_other_learner_setups_train(local_ray, builtin_model_path, tmp_path, variant):
     """DeepSpeed ZeRO-2 over gloo with two learner ranks, LoRA with adapter-only sync, and QLoRA (an NF4 base in
-    the learner, bitsandbytes on CPU; the engines keep full weights): real steps, new weights, and a resume from
-    their checkpoint (DeepSpeed's own optimizer shards, or the adapter)."""
+    the learner, bitsandbytes on CPU; the engines keep full weights), LoRA with compiled decoder layers
+    (`learner.compile`, inductor in the Ray Train worker): real steps, new weights, and a resume from their
+    checkpoint (DeepSpeed's own optimizer shards, or the adapter)."""
     overrides = [*SMALL, *variant, f"run.output_dir={tmp_path}", "run.name=v", "run.checkpoint_every=0"]
     cfg = load_config(None, [*overrides, "run.steps=2"])
     metrics = train(cfg)
@@ -96,6 +98,7 @@ def test_other_learner_setups_train(local_ray, builtin_model_path, tmp_path, var
     if cfg.learner.lora.enabled:
         adapter = load_file(str(ckpt / "adapter" / "adapter_model.safetensors"))
         assert adapter and any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in adapter.items())
+        assert not any("_orig_mod" in k for k in adapter)  # compiled in place: PEFT's own names, loadable as such
     else:
         base = _weights(__import__("pathlib").Path(builtin_model_path))
         new = _weights(ckpt / "model")
