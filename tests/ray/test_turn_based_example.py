@@ -22,8 +22,29 @@ def _write_data(out_dir: Path) -> dict[str, Path]:
     return module.write(out_dir)
 
 
+def _arithmetic_conversations(path: Path, n: int) -> Path:
+    """Rows in the example's format whose messages are the built-in model's own arithmetic questions. That model was
+    warmed up on calculator dialogues only: on the example's running-total wording it never ends a turn (every
+    sampled turn runs to max_tokens_per_turn, so no turn reaches `step`), on these it does."""
+    from agentrl_ray.tasks.arithmetic import evaluate, question, sample_problems
+
+    problems = sample_problems(2 * n, seed=0, split="train")
+    rows = []
+    for (a, op, b), (c, op2, d) in zip(problems[::2], problems[1::2]):
+        rows.append(
+            {
+                "prompt": question(a, op, b),
+                "expected": [str(evaluate(a, op, b)), str(evaluate(c, op2, d))],
+                "user_turns": [question(c, op2, d)],
+            }
+        )
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 def test_conversation_example_trains_two_steps(local_ray, builtin_model_path, tmp_path):
-    data = _write_data(tmp_path / "data")
+    data = _write_data(tmp_path / "data")  # the example's builder; its eval rows are used as they are
+    data["train"] = _arithmetic_conversations(tmp_path / "data" / "arithmetic_train.jsonl", 8)
     overrides = [
         "profile=cpu",
         f"data.train={data['train']}",
