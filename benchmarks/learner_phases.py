@@ -173,7 +173,7 @@ def main() -> None:
             f"{v:<18} fwd {r['forward_s']:.2f}s bwd {r['backward_s']:.2f}s opt {r['optimizer_s']:.3f}s "
             f"= {r['tokens_per_s']:.0f} tok/s, peak RSS {r['peak_rss_gib']:.2f} GiB, resident after load "
             f"{r['resident_after_load_gib']:.2f} and after the steps {r['rss_after_steps_gib']:.2f} GiB "
-            f"(load {r['load_s']:.1f}s)",
+            f"(load {r['load_s']:.1f}s, first step {r['compile_step_s']:.1f}s)",
             flush=True,
         )
     if a.out:

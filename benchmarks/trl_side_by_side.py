@@ -57,6 +57,7 @@ class Settings:
     lora: int = 0  # 1: LoRA on both sides (our learner.lora defaults; TRL a PEFT LoraConfig of the same values)
     staleness: int = 1  # ours: sync.max_staleness (1 = roll out step t+1 while training on step t, our default)
     bf16: int = 0  # 1: bfloat16 math on both sides (TRL bf16=True; ours model.dtype=bfloat16 learner.bf16=true)
+    compile: int = 0  # ours: 1 = learner.compile=true (decoder layers compiled with torch.compile)
     repeats: int = 2
     eval_prompts: int = 200
     eval_samples: int = 2  # sampled completions per held-out prompt (plus one greedy)
@@ -143,6 +144,7 @@ def run_ours(s: Settings, task: str, rep: int, prompt_lens: list[int]) -> dict:
         f"sync.max_staleness={s.staleness}",
         f"learner.bf16={'true' if s.bf16 else 'false'}",
         f"model.dtype={'bfloat16' if s.bf16 else 'float32'}",
+        f"learner.compile={'true' if s.compile else 'false'}",
         f"run.steps={s.steps}",
         f"run.seed={s.seed}",
         f"run.name={name}",
@@ -405,7 +407,7 @@ def main() -> None:
         before = json.loads(args.reuse.read_text())
         # What may differ: our side's own settings, and the micro-batch (memory only: the loss is a token mean over
         # the step's whole batch however it is split); the reused runs keep their own settings in their record.
-        free = {"staleness", "work_dir", "micro_batch"}
+        free = {"staleness", "work_dir", "micro_batch", "compile"}
         differ = {k for k, v in asdict(s).items() if k not in free and before["settings"].get(k) != v}
         if differ:
             p.error(f"--reuse {args.reuse}: settings differ ({', '.join(sorted(differ))})")
