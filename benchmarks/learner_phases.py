@@ -17,8 +17,8 @@ that its peak RSS is its own:
   native bfloat16, where bfloat16 GEMMs are emulated);
 - `fp32_chunked_scored`: the same, the head computed only where a loss reads it (the completion, after the first
   `--prompt-len` tokens: `needed` of chunked_logprobs, as the learner passes it).
-- `*_compiled`: the same with every decoder layer compiled (`torch.compile`, inductor, dynamic shapes: one graph
-  serves all layers and sequence lengths); the first step, which compiles, is reported as `compile_step_s`.
+- `*_compiled`: the same with every decoder layer compiled as `learner.compile` does (`policy.compile_layers`:
+  `torch.compile`, inductor, dynamic shapes); the first step, which compiles, is reported as `compile_step_s`.
 Times are the best of `--repeats` steps after one warm-up step; per token = / (samples * seq).
 """
 
@@ -64,7 +64,7 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int, prompt
     from agentrl_ray.algorithms import token_logprobs_and_entropy
     from agentrl_ray.chunked_logprobs import hidden_token_logprobs
     from agentrl_ray.config import LoraConfig as OurLora
-    from agentrl_ray.learner.policy import hidden_states_out, model_head
+    from agentrl_ray.learner.policy import compile_layers, hidden_states_out, model_head
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -83,8 +83,7 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int, prompt
     )
     model.config.use_cache = False
     if variant.endswith("compiled"):
-        for layer in model.base_model.model.model.layers:
-            layer.compile(dynamic=True)
+        compile_layers(model, torch.device("cpu"))  # what learner.compile does
     load_s = time.perf_counter() - t0
     gc.collect()
     rss_after_load = current_rss_gib()
