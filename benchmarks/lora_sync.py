@@ -4,17 +4,30 @@ holding it (flush), then greedy generation speed with the adapter in place. Resu
 
     python benchmarks/lora_sync.py                                  # the built-in model, r=16 on every projection
     python benchmarks/lora_sync.py --model /path/to/model --rank 16 --versions 3 --out benchmarks/results/lora_sync.json
+    python benchmarks/lora_sync.py --model "$(python benchmarks/qwen05b_shape.py)" --dtype bfloat16 --modes merge
+
+Reports the engine process's resident memory and its peak (VmHWM) after the updates.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 
 
-def measure(mode: str, model_path: str, rank: int, versions: int, prompts: int, tokens: int) -> dict:
+def peak_rss_gib(pid: int) -> dict[str, float]:
+    """The process's resident memory now and its high-water mark (VmHWM: the peak since it started)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    kib = {k: int(re.search(rf"{k}:\s+(\d+)", status).group(1)) for k in ("VmRSS", "VmHWM")}
+    return {"rss_gib": round(kib["VmRSS"] / 2**20, 3), "peak_rss_gib": round(kib["VmHWM"] / 2**20, 3)}
+
+
+def measure(
+    mode: str, model_path: str, rank: int, versions: int, prompts: int, tokens: int, dtype: str = "float32"
+) -> dict:
     import ray
     import torch
     from peft import LoraConfig, get_peft_model
@@ -31,9 +44,11 @@ def measure(mode: str, model_path: str, rank: int, versions: int, prompts: int, 
         f"learner.lora.r={rank}",
         f"learner.lora.alpha={2 * rank}",
     ]
-    cfg = load_config(None, [*overrides, "rollout.num_cpus_per_worker=1"])
+    cfg = load_config(None, [*overrides, f"model.dtype={dtype}", "rollout.num_cpus_per_worker=1"])
     pool = RolloutPool.create(cfg, model_path)
     try:
+        pid = ray.get(pool.workers[0].pid.remote())
+        started = peak_rss_gib(pid)  # the engine built, before any update
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=cfg.learner.lora.target_modules)
         model = get_peft_model(base, lora)
@@ -60,6 +75,8 @@ def measure(mode: str, model_path: str, rank: int, versions: int, prompts: int, 
             "adapter_mb": round(adapter_mb, 2),
             "flush_s": [round(x, 3) for x in flush],
             "greedy_tok_s": [round(x, 1) for x in gen],
+            "engine_memory_started": started,
+            "engine_memory_after_updates": peak_rss_gib(pid),
         }
     finally:
         pool.shutdown()
@@ -73,6 +90,8 @@ def main() -> None:
     parser.add_argument("--versions", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the engine's model.dtype")
+    parser.add_argument("--modes", nargs="+", default=["merge", "native"], choices=["merge", "native"])
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     import ray
@@ -81,9 +100,9 @@ def main() -> None:
 
     model_path = args.model or str(ensure_builtin_model())
     results = []
-    for mode in ("merge", "native"):
+    for mode in args.modes:
         ray.init(num_cpus=2, include_dashboard=False)
-        results.append(measure(mode, model_path, args.rank, args.versions, args.prompts, args.tokens))
+        results.append(measure(mode, model_path, args.rank, args.versions, args.prompts, args.tokens, args.dtype))
         print(json.dumps(results[-1]))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

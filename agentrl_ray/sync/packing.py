@@ -1,4 +1,5 @@
-"""Named tensors ⇄ one flat byte buffer, for the object-store weight sync; a safetensors folder → named tensors.
+"""Named tensors ⇄ one flat byte buffer, for the object-store weight sync; a safetensors folder → named tensors (all at
+once, or streamed one at a time).
 
 A list of torch tensors goes through Ray's object store by pickling each tensor's storage; one NumPy byte array goes
 in with a single copy and comes out on the reader's side as a zero-copy view of shared memory. So the learner packs
@@ -9,6 +10,7 @@ copies them into its parameters. Each tensor starts at a 64-byte aligned offset 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +66,29 @@ def load_safetensors_folder(folder: str | Path) -> dict[str, torch.Tensor]:
     for f in sorted(Path(folder).glob("*.safetensors")):
         weights.update(load_file(str(f)))
     return weights
+
+
+def safetensors_names(folder: str | Path) -> dict[str, Path]:
+    """Every tensor name of the `*.safetensors` files of a model folder, with the file that holds it (headers only)."""
+    from safetensors import safe_open
+
+    names: dict[str, Path] = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as handle:
+            names.update(dict.fromkeys(handle.keys(), f))
+    return names
+
+
+def stream_safetensors(files: dict[str, Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of `files` (name -> file, as `safetensors_names` gives) one at a time.
+
+    A tensor from safetensors is a view of its file's memory mapping, and every page read through a mapping stays
+    resident while the mapping lives: reading a 1 GB folder through one open handle keeps the process 1 GB larger
+    until the handle goes. Here each tensor comes from its own handle, so only the pages of the tensors the caller
+    still holds are mapped; dropping a tensor unmaps them. Treat the tensors as read-only."""
+    from safetensors import safe_open
+
+    for name, f in files.items():
+        with safe_open(str(f), framework="pt") as handle:
+            tensor = handle.get_tensor(name)
+        yield name, tensor

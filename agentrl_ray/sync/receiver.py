@@ -4,8 +4,12 @@ The receiver turns an update into Hugging Face named tensors and hands them to t
 which the rollout worker supplies: vLLM's `reload_weights`, then a prefix-cache reset):
 - full weights from the object store: zero-copy views of the packed buffer;
 - full weights from the collective group: tensors streamed bucket by bucket into the reload;
-- a LoRA adapter: merged into this engine's own copy of the base weights (W = W0 + scaling * B @ A), because vLLM's
-  in-place reload does not keep the previous values of tensors left out of a reload. Only the adapter travels.
+- a LoRA adapter: merged into the base weights read from the model folder (W = W0 + scaling * B @ A), every tensor
+  of the model, because vLLM's in-place reload does not keep the previous values of tensors left out of a reload.
+  Only the adapter travels, and the engine keeps no copy of the base: the folder is read again one tensor at a time
+  as the reload consumes it (~0.5 s per GB from the page cache), so the merge adds one tensor to the engine's memory
+  instead of a second model (at the 0.5B shape in bfloat16 the copy and the merged list were ~2 GiB of the engine's
+  peak, docs/benchmarks.md).
 - a LoRA adapter to an engine with native LoRA (`load_adapter` given, see `engine_modes`): written as a PEFT folder
   (adapter_config.json + adapter_model.safetensors) on this node and handed to the engine, which serves it as a new
   LoRARequest; no copy of the base weights, no merge. The previous version's folder is removed.
@@ -16,14 +20,14 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from agentrl_ray.sync.collective import CollectiveBackend, CollectiveGroup
-from agentrl_ray.sync.packing import load_safetensors_folder, unpack
+from agentrl_ray.sync.packing import load_safetensors_folder, safetensors_names, stream_safetensors, unpack
 from agentrl_ray.types import WeightUpdate
 
 Load = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
@@ -39,7 +43,6 @@ class WeightReceiver:
         self._adapter_dir: Path | None = None
         self.backend = backend  # collective_backend(cfg), chosen by the same function as the sender's
         self.version = 0
-        self._base: dict[str, torch.Tensor] | None = None  # LoRA: the unmerged base, loaded on first use
         self._group: CollectiveGroup | None = None
 
     def join_group(self, master_addr: str, port: int, world_size: int, rank: int, backend: CollectiveBackend) -> None:
@@ -69,7 +72,7 @@ class WeightReceiver:
             elif self.load_adapter is not None:
                 self._load_native(dict(named), update.lora_scaling, update.version)
             else:
-                self.load(self._merge_lora(dict(named), update.lora_scaling))
+                self.load(merged_stream(self.model_path, dict(named), update.lora_scaling))
         self.version = update.version
         return update.version
 
@@ -80,11 +83,6 @@ class WeightReceiver:
         self.load_adapter(str(self._adapter_dir))
         if previous is not None:
             shutil.rmtree(previous, ignore_errors=True)
-
-    def _merge_lora(self, adapter: dict[str, torch.Tensor], scaling: float) -> list[tuple[str, torch.Tensor]]:
-        if self._base is None:
-            self._base = base_weights(self.model_path)
-        return list(merge_lora(self._base, adapter, scaling).items())
 
 
 def base_weights(model_path: str | Path) -> dict[str, torch.Tensor]:
@@ -98,19 +96,57 @@ def base_weights(model_path: str | Path) -> dict[str, torch.Tensor]:
 
 def merge_lora(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], scaling: float):
     """W = W0 + scaling * B @ A for every adapted weight, in float32, stored in W0's dtype. `adapter` is named like
-    the sync payload (`model.layers.0.self_attn.q_proj.lora_A`). Also what `checkpoints.write_merged` uses, so a
-    merged export holds bit for bit the weights the engines sampled with."""
+    the sync payload (`model.layers.0.self_attn.q_proj.lora_A`). What `checkpoints.write_merged` uses; the engines
+    apply the same `_merged` one tensor at a time (`merged_stream`), so a merged export holds bit for bit the weights
+    the engines sampled with."""
+    pairs = _adapter_pairs(adapter, base)
     merged = dict(base)
+    for name, (a, b) in pairs.items():
+        merged[name] = _merged(base[name], a, b, scaling)
+    return merged
+
+
+def merged_stream(
+    model_path: str | Path, adapter: dict[str, torch.Tensor], scaling: float
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`merge_lora(base_weights(model_path), adapter, scaling)` as a stream: the folder's tensors one at a time, each
+    adapted one merged, lm_head.weight last where the embeddings are tied. Every adapted weight is checked against
+    the folder before the first tensor goes out, so a mismatched adapter fails before a reload has begun."""
+    files = safetensors_names(model_path)
+    pairs = _adapter_pairs(adapter, files)
+    tied = "lm_head.weight" not in files and "model.embed_tokens.weight" in files
+
+    def stream() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in stream_safetensors(files):
+            if name in pairs:
+                tensor = _merged(tensor, *pairs[name], scaling)  # and the base's view is dropped
+            yield name, tensor
+        if tied:  # saved once; vLLM's reload still expects lm_head.weight
+            for _, embed in stream_safetensors({"model.embed_tokens.weight": files["model.embed_tokens.weight"]}):
+                yield "lm_head.weight", embed
+
+    return stream()
+
+
+def _adapter_pairs(adapter: dict[str, torch.Tensor], base_names) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{base weight name: (lora_A, lora_B)}; a clear error for an adapter that does not fit the base."""
+    pairs = {}
     for name, a in adapter.items():
         if not name.endswith(".lora_A"):
             continue
         prefix = name.removesuffix(".lora_A")
-        b = adapter[prefix + ".lora_B"]
-        w0 = base[prefix + ".weight"]
-        # One fused multiply-add into the float32 copy of W0: no second (out, in) float32 temporary for B @ A
-        # (0.25 s against 0.5-0.8 s per merge at the 0.5B shape, the same bits).
-        merged[prefix + ".weight"] = torch.addmm(w0.float(), b.float(), a.float(), alpha=scaling).to(w0.dtype)
-    return merged
+        if prefix + ".lora_B" not in adapter:
+            raise ValueError(f"weight sync: LoRA update has {name} but no {prefix}.lora_B")
+        if prefix + ".weight" not in base_names:
+            raise ValueError(f"weight sync: LoRA update adapts {prefix}.weight, which the base model does not have")
+        pairs[prefix + ".weight"] = (a, adapter[prefix + ".lora_B"])
+    return pairs
+
+
+def _merged(w0: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
+    # One fused multiply-add into the float32 copy of W0: no second (out, in) float32 temporary for B @ A
+    # (0.25 s against 0.5-0.8 s per merge at the 0.5B shape, the same bits).
+    return torch.addmm(w0.float(), b.float(), a.float(), alpha=scaling).to(w0.dtype)
 
 
 def write_peft_adapter(folder: Path, adapter: dict[str, torch.Tensor], scaling: float, base_model: str) -> None:

@@ -111,6 +111,79 @@ def test_object_store_receiver_merges_lora_into_its_base(tmp_path):
     assert torch.equal(loaded["lm_head.weight"], torch.ones(2, 2))  # tied embeddings: the reload expects both
 
 
+def _sharded_folder(folder, generator):
+    """A bfloat16 model folder in two safetensors shards, embeddings tied (no lm_head.weight saved)."""
+    from safetensors.torch import save_file
+
+    def w(*shape):
+        return torch.randn(*shape, generator=generator).to(torch.bfloat16)
+
+    save_file(
+        {"model.embed_tokens.weight": w(11, 6), "model.layers.0.q_proj.weight": w(6, 6)}, str(folder / "a.safetensors")
+    )
+    save_file({"model.layers.0.up_proj.weight": w(9, 6), "model.norm.weight": w(6)}, str(folder / "b.safetensors"))
+
+
+def test_the_engines_streamed_merge_equals_the_merged_export(tmp_path):
+    """The engines merge one tensor at a time from the folder (`merged_stream`); a merged export merges the loaded
+    folder (`merge_lora(base_weights(...))`). Both must give the same tensors, bit for bit, lm_head last."""
+    from agentrl_ray.sync.receiver import base_weights, merge_lora, merged_stream
+
+    g = torch.Generator().manual_seed(0)
+    _sharded_folder(tmp_path, g)
+    adapter = {}
+    for prefix, (out, inp) in {"model.layers.0.q_proj": (6, 6), "model.layers.0.up_proj": (9, 6)}.items():
+        adapter[prefix + ".lora_A"] = torch.randn(4, inp, generator=g)
+        adapter[prefix + ".lora_B"] = torch.randn(out, 4, generator=g)
+    exported = merge_lora(base_weights(tmp_path), adapter, 0.5)
+    streamed = list(merged_stream(tmp_path, adapter, 0.5))
+    assert [name for name, _ in streamed][-1] == "lm_head.weight"
+    assert sorted(name for name, _ in streamed) == sorted(exported)
+    for name, tensor in streamed:
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, exported[name]), name
+    base = base_weights(tmp_path)
+    assert not torch.equal(exported["model.layers.0.up_proj.weight"], base["model.layers.0.up_proj.weight"])
+    assert torch.equal(exported["model.norm.weight"], base["model.norm.weight"])
+
+
+def test_an_adapter_that_does_not_fit_the_base_fails_before_the_reload(tmp_path):
+    """A half-applied reload would leave an engine with a mix of versions: the check comes before the first tensor."""
+    from agentrl_ray.sync.receiver import merged_stream
+
+    _sharded_folder(tmp_path, torch.Generator().manual_seed(0))
+    a, b = torch.zeros(2, 6), torch.zeros(6, 2)
+    with pytest.raises(ValueError, match=r"model.layers.0.k_proj.weight, which the base model does not have"):
+        merged_stream(tmp_path, {"model.layers.0.k_proj.lora_A": a, "model.layers.0.k_proj.lora_B": b}, 1.0)
+    with pytest.raises(ValueError, match=r"no model.layers.0.q_proj.lora_B"):
+        merged_stream(tmp_path, {"model.layers.0.q_proj.lora_A": a}, 1.0)
+
+
+def _rss_file_bytes() -> int:
+    import re
+    from pathlib import Path
+
+    return int(re.search(r"RssFile:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+
+def test_a_streamed_folder_keeps_only_the_held_tensors_resident(tmp_path):
+    """safetensors tensors are views of a file mapping whose read pages stay resident while it lives. Read through
+    one handle, a 128 MB folder would end 128 MB larger; streamed, the file pages resident stay within the tensors
+    the reader holds (here one 8 MB tensor at a time, and the generator's own)."""
+    from safetensors.torch import save_file
+
+    from agentrl_ray.sync.packing import safetensors_names, stream_safetensors
+
+    mb = 2**20
+    save_file({f"t{i:02d}": torch.full((2 * mb,), float(i)) for i in range(16)}, str(tmp_path / "m.safetensors"))
+    start, peak = _rss_file_bytes(), 0
+    for i, (name, tensor) in enumerate(stream_safetensors(safetensors_names(tmp_path))):
+        assert name == f"t{i:02d}" and float(tensor.sum()) == i * 2 * mb  # every page of it read
+        del tensor
+        peak = max(peak, _rss_file_bytes() - start)
+    assert peak < 3 * 8 * mb, f"{peak / mb:.0f} MB of the file resident while streaming 8 MB tensors"
+    assert _rss_file_bytes() - start < 8 * mb
+
+
 def test_collective_streams_bucket_by_bucket():
     """Rank 0 and a receiver in two threads of this process over a real gloo group: the receiver gets every tensor
     exactly and in order, over one broadcast per bucket of bounded size and one dtype."""
