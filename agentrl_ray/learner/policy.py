@@ -292,16 +292,7 @@ def compile_layers(model, device: torch.device) -> int:
 
     On a CPU, inductor compiles C++ at the first step: a missing compiler is reported here, before any step runs."""
     if device.type == "cpu":
-        from torch._inductor import cpp_builder
-
-        try:
-            cpp_builder.get_cpp_compiler()
-        except Exception as e:  # inductor's InvalidCxxCompiler, or its search failing otherwise
-            raise RuntimeError(
-                "learner.compile=true on a CPU needs a C++ compiler for torch.compile's inductor (g++ or clang; "
-                f"set CXX to choose one) and none was found ({type(e).__name__}): install one (e.g. apt install g++) "
-                "or set learner.compile=false"
-            ) from e
+        _check_cpp_compiler()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the HF model
     names = set(getattr(base, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in names]
@@ -313,6 +304,24 @@ def compile_layers(model, device: torch.device) -> int:
     for layer in layers:
         layer.compile(dynamic=True)
     return len(layers)
+
+
+def _check_cpp_compiler() -> None:
+    """Inductor's own compiler search, run now rather than at the first step. It is private to torch: where a torch
+    version has moved it, the check is skipped and inductor reports a missing compiler itself, at the first step."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+    except ImportError:
+        log.info("learner.compile: torch has no cpp_builder.get_cpp_compiler; the C++ compiler is checked at step 1")
+        return
+    try:
+        get_cpp_compiler()
+    except Exception as e:  # inductor's InvalidCxxCompiler, or its search failing otherwise
+        raise RuntimeError(
+            "learner.compile=true on a CPU needs a C++ compiler for torch.compile's inductor (g++ or clang; "
+            f"set CXX to choose one) and none was found ({type(e).__name__}): install one (e.g. apt install g++) "
+            "or set learner.compile=false"
+        ) from e
 
 
 def enable_gradient_checkpointing(model) -> None:

@@ -9,16 +9,23 @@ import torch
 
 from agentrl_ray.chunked_logprobs import hidden_token_logprobs
 from agentrl_ray.config import ConfigError, LoraConfig, load_config
-from agentrl_ray.learner.policy import compile_layers, hidden_states_out, model_head
+from agentrl_ray.learner.policy import (
+    compile_layers,
+    enable_gradient_checkpointing,
+    hidden_states_out,
+    model_head,
+)
 
 
-def _lora_model(path: str):
+def _lora_model(path: str, checkpointing: bool = False):
     from peft import LoraConfig as PeftLora
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if checkpointing:  # as the learner does it: before PEFT wraps the model
+        enable_gradient_checkpointing(model)
     ours = LoraConfig()
     model = get_peft_model(
         model, PeftLora(r=ours.r, lora_alpha=ours.alpha, lora_dropout=0.0, target_modules=ours.target_modules)
@@ -61,6 +68,32 @@ def test_compiled_layers_compute_what_eager_layers_compute(builtin_model_path):
             torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-3, atol=1e-5, msg=name)
     # Every decoder layer's call goes through its compiled wrapper (nn.Module.compile), none was left eager.
     assert all(getattr(m, "_compiled_call_impl", None) is not None for m in _decoder_layers(compiled))
+
+
+def test_compiled_layers_under_gradient_checkpointing(builtin_model_path):
+    """learner.compile with learner.gradient_checkpointing: checkpointing wraps each compiled layer's call and runs
+    it again in backward. Log-probabilities and LoRA gradients equal the eager, unchecked model's."""
+    eager = _lora_model(builtin_model_path)
+    compiled = _lora_model(builtin_model_path, checkpointing=True)
+    assert compiled.get_base_model().is_gradient_checkpointing
+    compile_layers(compiled, torch.device("cpu"))
+    ids = torch.randint(10, 300, (2, 29), generator=torch.Generator().manual_seed(2))
+    want_logp, want_grads = _logprobs_and_grads(eager, ids)
+    got_logp, got_grads = _logprobs_and_grads(compiled, ids)
+    torch.testing.assert_close(got_logp, want_logp, rtol=1e-4, atol=1e-4)
+    assert got_grads.keys() == want_grads.keys() and len(got_grads) > 0
+    for name in want_grads:
+        torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_a_torch_without_the_compiler_search_skips_the_early_check(builtin_model_path, monkeypatch):
+    """The early check uses a private torch function: a torch that has moved it must not make learner.compile fail
+    at start with an ImportError; the layers are compiled all the same."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch._inductor.cpp_builder", None)  # `from ... import` raises ImportError
+    model = _lora_model(builtin_model_path)
+    assert compile_layers(model, torch.device("cpu")) == model.get_base_model().config.num_hidden_layers
 
 
 def _decoder_layers(model):
