@@ -105,7 +105,8 @@ class RolloutConfig:
     engines and learner ranks share GPUs (placement colocated) and sync.max_staleness=0; always needs GPU engines."""
     lora_mode: Literal["auto", "native", "merge"] = "auto"
     """How engines apply the synced LoRA adapter: native = vLLM's LoRA (a new LoRARequest per version), merge = into
-    a copy of the base weights; auto = native on GPU engines, merge on CPU (engine_modes.py)."""
+    the base weights, read again from the model folder tensor by tensor at each update (the engine keeps no copy of
+    them); auto = native on GPU engines, merge on CPU (engine_modes.py)."""
     enforce_eager: bool = True
     """Run vLLM without CUDA graphs (required on CPU)."""
     system_prompt: str = ""

@@ -8,8 +8,9 @@
   sleep. vLLM offers sleep mode on CUDA (and ROCm/XPU) only: on CPU `rollout.sleep_mode=always` is refused.
 - lora_rank: > 0 builds the engine with vLLM's own LoRA support (`enable_lora`, `max_lora_rank` the smallest rank
   vLLM accepts that holds `learner.lora.r`); each sync then hands the engine the adapter, which it applies as a new
-  `LoRARequest` (a new id per version), instead of merging the adapter into a copy of the whole model on CPU. On by
-  default on GPU engines; vLLM CPU supports it too (`rollout.lora_mode=native`), the CPU default stays the merge.
+  `LoRARequest` (a new id per version), instead of merging the adapter into the base weights (read again from the
+  model folder at each update) on CPU. On by default on GPU engines; vLLM CPU supports it too
+  (`rollout.lora_mode=native`), the CPU default stays the merge.
 """
 
 from __future__ import annotations
