@@ -50,6 +50,15 @@ def _logprobs_and_grads(model, ids: torch.Tensor) -> tuple[torch.Tensor, dict[st
     return logp.detach(), grads
 
 
+def _assert_same_logprobs_and_grads(eager, compiled, ids: torch.Tensor) -> None:
+    want_logp, want_grads = _logprobs_and_grads(eager, ids)
+    got_logp, got_grads = _logprobs_and_grads(compiled, ids)
+    torch.testing.assert_close(got_logp, want_logp, rtol=1e-4, atol=1e-4)
+    assert got_grads.keys() == want_grads.keys() and len(got_grads) > 0
+    for name in want_grads:
+        torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-3, atol=1e-5, msg=name)
+
+
 def test_compiled_layers_compute_what_eager_layers_compute(builtin_model_path):
     eager, compiled = _lora_model(builtin_model_path), _lora_model(builtin_model_path)
     names = [n for n, _ in compiled.named_parameters()]
@@ -60,12 +69,7 @@ def test_compiled_layers_compute_what_eager_layers_compute(builtin_model_path):
     gen = torch.Generator().manual_seed(1)
     for shape in [(2, 24), (3, 37), (1, 9)]:  # dynamic shapes: micro-batches of other sizes and lengths
         ids = torch.randint(10, 300, shape, generator=gen)
-        want_logp, want_grads = _logprobs_and_grads(eager, ids)
-        got_logp, got_grads = _logprobs_and_grads(compiled, ids)
-        torch.testing.assert_close(got_logp, want_logp, rtol=1e-4, atol=1e-4)
-        assert got_grads.keys() == want_grads.keys() and len(got_grads) > 0
-        for name in want_grads:
-            torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-3, atol=1e-5, msg=name)
+        _assert_same_logprobs_and_grads(eager, compiled, ids)
     # Every decoder layer's call goes through its compiled wrapper (nn.Module.compile), none was left eager.
     assert all(getattr(m, "_compiled_call_impl", None) is not None for m in _decoder_layers(compiled))
 
@@ -78,12 +82,7 @@ def test_compiled_layers_under_gradient_checkpointing(builtin_model_path):
     assert compiled.get_base_model().is_gradient_checkpointing
     compile_layers(compiled, torch.device("cpu"))
     ids = torch.randint(10, 300, (2, 29), generator=torch.Generator().manual_seed(2))
-    want_logp, want_grads = _logprobs_and_grads(eager, ids)
-    got_logp, got_grads = _logprobs_and_grads(compiled, ids)
-    torch.testing.assert_close(got_logp, want_logp, rtol=1e-4, atol=1e-4)
-    assert got_grads.keys() == want_grads.keys() and len(got_grads) > 0
-    for name in want_grads:
-        torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-3, atol=1e-5, msg=name)
+    _assert_same_logprobs_and_grads(eager, compiled, ids)
 
 
 def test_a_torch_without_the_compiler_search_skips_the_early_check(builtin_model_path, monkeypatch):
