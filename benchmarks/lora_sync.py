@@ -6,7 +6,8 @@ holding it (flush), then greedy generation speed with the adapter in place. Resu
     python benchmarks/lora_sync.py --model /path/to/model --rank 16 --versions 3 --out benchmarks/results/lora_sync.json
     python benchmarks/lora_sync.py --model "$(python benchmarks/qwen05b_shape.py)" --dtype bfloat16 --modes merge
 
-Reports the engine process's resident memory and its peak (VmHWM) after the updates.
+Reports the engine process's resident memory and its peak (VmHWM) after the updates, and the greedy speed of the
+freshly built engine before any update (after one warm-up generation) to compare the speeds after each update with.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def measure(
         sync.setup(pool.workers)
         prompt = list(range(10, 50))
         flush, gen = [], []
+        pool.greedy([prompt] * prompts, tokens)  # warm-up: an engine's first generation is slower
+        t0 = time.perf_counter()
+        pool.greedy([prompt] * prompts, tokens)  # the built weights, before any update: the reference speed
+        before = prompts * tokens / (time.perf_counter() - t0)
         for version in range(1, versions + 1):
             for name, p in model.named_parameters():
                 if "lora_B" in name:
@@ -74,6 +79,7 @@ def measure(
             "params": params,
             "adapter_mb": round(adapter_mb, 2),
             "flush_s": [round(x, 3) for x in flush],
+            "greedy_tok_s_before_updates": round(before, 1),
             "greedy_tok_s": [round(x, 1) for x in gen],
             "engine_memory_started": started,
             "engine_memory_after_updates": peak_rss_gib(pid),
