@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_ray import preflight, resume
+from agentrl_ray.allocator import allocator_env
 from agentrl_ray.config import Config, ConfigError
 from agentrl_ray.data import load_rows
 from agentrl_ray.outputs import atomic_write_text
@@ -95,6 +96,20 @@ def init_ray(cfg: Config, threads: ThreadPolicy) -> None:
             runtime_env=local_ray.runtime_env(env_vars),
             _system_config=local_ray.SYSTEM_CONFIG,
         )
+
+
+def learner_run_config(cfg: Config, storage: str):
+    import ray.train
+
+    return ray.train.RunConfig(
+        name=cfg.run.name,
+        storage_path=storage,
+        checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints or None),
+        # A dead learner worker: the group restarts from the latest checkpoint (docs/reliability.md).
+        failure_config=ray.train.FailureConfig(max_failures=cfg.recovery.max_learner_failures),
+        # A CPU learner keeps its freed activations mapped for the next micro-batch (allocator.py).
+        worker_runtime_env={"env_vars": {} if cfg.learner.use_gpu else allocator_env()},
+    )
 
 
 def place(cfg: Config, model_path: str):
@@ -206,13 +221,7 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
             },
             torch_config=TorchConfig(backend="nccl" if lc.use_gpu else "gloo"),
             scaling_config=learner_scaling(plan, lc.use_gpu),
-            run_config=ray.train.RunConfig(
-                name=cfg.run.name,
-                storage_path=storage,
-                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.run.keep_checkpoints or None),
-                # A dead learner worker: the group restarts from the latest checkpoint (docs/reliability.md).
-                failure_config=ray.train.FailureConfig(max_failures=cfg.recovery.max_learner_failures),
-            ),
+            run_config=learner_run_config(cfg, storage),
         )
         try:
             with learner_deadline(cfg.recovery.learner_unresponsive_s):

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from agentrl_ray.algorithms import LossNorm, compute_loss, echo_coeff_at
+from agentrl_ray.allocator import release_freed_memory
 from agentrl_ray.config import Config
 from agentrl_ray.eval_stats import training_eval_metrics
 from agentrl_ray.learner import guards
@@ -287,6 +288,7 @@ def _train_loop(config: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         if groups:
             metrics.update(update(policy, groups, cfg, step, pad_id))
+        release_freed_memory()  # the micro-batches' activations, kept mapped during the update (allocator.py)
         t_learn = time.perf_counter() - t0
         nonfinite_in_a_row = nonfinite_in_a_row + 1 if metrics.get("loss/skipped_nonfinite") else 0
         guards.check_consecutive(nonfinite_in_a_row, cfg.learner.max_nonfinite_steps, step)

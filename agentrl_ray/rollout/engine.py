@@ -27,15 +27,19 @@ from typing import Any
 
 import torch
 
+from agentrl_ray.allocator import allocator_env, release_freed_memory
+
 
 def vllm_env(*, use_gpu: bool) -> dict[str, str]:
-    """Environment variables of an engine's process, to be set before `import vllm`."""
+    """Environment variables of an engine's process, to be set when it starts (`runtime_env`)."""
     # Keep the engine core in this process so collective_rpc runs in-process (weight reload without IPC).
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if not use_gpu:
         # Threads are shared with the learner and env actors on small machines: do not pin cores (unless the user
         # exported a binding).
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        # Each decode step's logits stay mapped for the next step instead of being page-faulted again (allocator.py).
+        env.update(allocator_env())
     return env
 
 
@@ -261,3 +265,4 @@ class VLLMEngine:
         self.llm.collective_rpc(_reload, args=(named_tensors,))
         # Cached KV blocks were computed by the old weights.
         self.llm.reset_prefix_cache()
+        release_freed_memory()  # the reload's layer-sized temporaries (allocator.py)

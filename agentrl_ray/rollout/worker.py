@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from agentrl_ray.allocator import release_freed_memory
 from agentrl_ray.chat_format import prompt_messages
 from agentrl_ray.config import EnvConfig, ModelConfig, RewardConfig, RolloutConfig
 from agentrl_ray.engine_modes import EngineModes
@@ -122,6 +123,7 @@ class RolloutWorker:
             finally:
                 # A learner rank shares the GPU (engine_modes): free it for the step; the next use wakes the engine.
                 self.engine.sleep()
+                release_freed_memory()  # the decode steps' logits, kept mapped during the call (allocator.py)
 
     async def _rollout(
         self,

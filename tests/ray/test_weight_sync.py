@@ -4,10 +4,13 @@ Real Ray actors with real vLLM CPU engines. The test process plays learner rank 
 transformers model (a few AdamW steps), pushes them, then compares token for token.
 """
 
+from pathlib import Path
+
 import pytest
 import ray
 import torch
 
+from agentrl_ray.allocator import allocator_env
 from agentrl_ray.config import load_config
 from agentrl_ray.rollout.engine import kv_bytes_per_token
 from agentrl_ray.rollout.pool import RolloutPool, sequences_per_engine
@@ -145,6 +148,18 @@ def test_engines_kv_cache_is_sized_to_the_run(setup, builtin_model_path):
     tokens_per_mib = 2**20 // kv_bytes_per_token(builtin_model_path, cfg.model.dtype)
     for tokens in ray.get([w.kv_cache_tokens.remote() for w in pool.workers]):
         assert need <= tokens <= need + tokens_per_mib
+
+
+def test_cpu_engines_start_with_the_allocator_settings(setup):
+    """Each engine's process started with allocator_env's variables (glibc reads them only then): a decode step's
+    large tensors stay mapped for the next (allocator.py)."""
+    want = allocator_env()
+    assert want  # the test's own environment sets no allocator of its own
+    for pid in ray.get([w.pid.remote() for w in setup[1].workers]):
+        environ = dict(
+            item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item
+        )
+        assert {k: environ.get(k) for k in want} == want
 
 
 def test_a_short_kv_cache_queues_sequences(local_ray, builtin_model_path):

@@ -1,0 +1,78 @@
+"""The C allocator of the processes that run the model on a CPU: freed memory stays mapped and is used again.
+
+Both a CPU rollout engine and a CPU learner allocate and free the same large tensors at every step: an engine the
+logits of each decode step and their log-probabilities (64 sequences x a 151,936-token vocabulary: 39 MB each in
+float32), a learner its activations (~3 GiB per micro-batch at the 0.5B shape). glibc's malloc gives a block above its
+mmap threshold (which adapts, up to 32 MiB) a fresh mapping and unmaps it when it is freed, and returns the free top of
+its heap to the kernel: so every step page-faults and zeroes that memory again. At the 0.5B shape in bfloat16 that was
+1.9 million page faults per 64 x 64 generated tokens, ~20% of an engine's decode time, and 18% of a learner's
+micro-batch (docs/benchmarks.md, round 8). `allocator_env` raises the mmap threshold to 1 GiB and turns trimming off,
+so a freed block goes back to malloc's free lists, still mapped, for the next step. Kept as it is, a process would
+hold its high-water mark from then on: the engine the temporaries of its last weight reload, the learner the
+activations of a micro-batch while the engines sample. So each gives it back where a phase ends
+(`release_freed_memory`: after a weight reload and a rollout call, after the learner's update): the next phase
+page-faults its first step's blocks once, not every step's.
+
+glibc reads these variables once, when the process starts, so they go in the runtime environment of the actors that
+run the model (`rollout.engine.vllm_env`, the learner workers' `worker_runtime_env`), not in os.environ of a running
+process. A thread other than the main one allocates from heaps of at most 64 MiB: a single tensor larger than that
+(e.g. the logits of more than ~100 sequences at this vocabulary) still gets its own mapping.
+
+A user who chose their own allocator settings keeps them: nothing is set when LD_PRELOAD (tcmalloc, jemalloc), a
+MALLOC_*_ variable or a glibc.malloc tunable is in the driver's environment. Other C libraries ignore the variables.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+MMAP_THRESHOLD = 1 << 30  # a single block of 1 GiB or more still gets its own mapping, returned when freed
+NO_TRIM = 1 << 40  # the free top of the heap is kept (glibc takes any size_t)
+USER_SETTINGS = (
+    "LD_PRELOAD",
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "MALLOC_ARENA_MAX",
+    "GLIBC_TUNABLES",  # only where it sets glibc.malloc.*
+)
+
+
+def user_allocator_settings(env: dict[str, str] | None = None) -> list[str]:
+    """The allocator settings the user gave, which `allocator_env` leaves alone."""
+    env = os.environ if env is None else env
+    found = [name for name in USER_SETTINGS if env.get(name) and name != "GLIBC_TUNABLES"]
+    if "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
+        found.append("GLIBC_TUNABLES")
+    return found
+
+
+def allocator_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment variables for a process that runs the model on a CPU (see the module's docstring); empty where the
+    user set their own."""
+    if user_allocator_settings(env):
+        return {}
+    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(NO_TRIM)}
+
+
+def release_freed_memory() -> None:
+    """Give the memory freed since the last call back to the kernel (glibc's malloc_trim); a no-op elsewhere. Costs
+    a few milliseconds; the process's next large blocks page-fault once."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 (glibc's; other C libraries have no malloc_trim)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim

@@ -1,0 +1,128 @@
+"""The allocator settings of the processes that run the model on a CPU (agentrl_ray/allocator.py): what they are,
+when the user's own win, and that glibc really stops page-faulting a large tensor freed and allocated again."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from agentrl_ray.allocator import USER_SETTINGS, allocator_env, user_allocator_settings
+from agentrl_ray.rollout.engine import vllm_env
+
+# 24 x a 39 MB float32 tensor (64 x 151,936 logits), in a thread other than the main one, as in a Ray actor.
+_FAULTS = textwrap.dedent(
+    """
+    import json, resource, threading, torch
+    out = {}
+    def steps():
+        for _ in range(3):  # the heap reaches its high-water mark
+            x = torch.ones(64, 151936); y = x * 2; del x, y
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(24):
+            x = torch.ones(64, 151936); y = x * 2; del x, y
+        out["faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+    t = threading.Thread(target=steps); t.start(); t.join()
+    print(json.dumps(out))
+    """
+)
+
+
+# Five such tensors freed: held (mapped) with the settings until release_freed_memory gives them back.
+_RELEASE = textwrap.dedent(
+    """
+    import json, threading, torch
+    from agentrl_ray.allocator import release_freed_memory
+    def rss_mib():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    out = {}
+    def phase():
+        xs = [torch.ones(64, 151936) for _ in range(5)]
+        out["during"] = rss_mib()
+        del xs
+        out["freed"] = rss_mib()
+        release_freed_memory()
+        out["released"] = rss_mib()
+    t = threading.Thread(target=phase); t.start(); t.join()
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.fixture
+def no_user_allocator(monkeypatch):
+    for name in USER_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def _run(script: str, env: dict[str, str]) -> dict:
+    clean = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GLIBC_TUNABLES") and "MALLOC" not in k}
+    res = subprocess.run(
+        [sys.executable, "-c", script], env={**clean, **env}, capture_output=True, text=True, timeout=120, check=True
+    )
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+GLIBC = platform.libc_ver()[0] == "glibc"
+
+
+@pytest.mark.skipif(not GLIBC, reason="the MALLOC_*_ variables are glibc's")
+def test_freed_large_tensors_stay_mapped_with_the_settings():
+    pages = 24 * 2 * 64 * 151936 * 4 // 4096  # two 39 MB tensors per step
+    default = _run(_FAULTS, {})["faults"]
+    kept = _run(_FAULTS, allocator_env({}))["faults"]
+    print(f"page faults over 24 steps: default {default}, with allocator_env {kept} (all fresh: {pages})")
+    assert default > 0.9 * pages  # glibc maps and unmaps each one: every page faults again at every step
+    assert kept < 0.2 * pages  # mapped once, used again (measured: 8% of the pages, residual heap growth)
+
+
+@pytest.mark.skipif(not GLIBC, reason="the MALLOC_*_ variables and malloc_trim are glibc's")
+def test_released_memory_goes_back_to_the_kernel():
+    rss = _run(_RELEASE, allocator_env({}))
+    print(f"RSS MiB with five 39 MB tensors, after freeing them, after release_freed_memory: {rss}")
+    held = 5 * 64 * 151936 * 4 / 2**20
+    assert rss["freed"] > rss["released"] + 0.8 * held  # kept mapped when freed, given back when released
+
+
+def test_the_settings_keep_freed_memory():
+    env = allocator_env({})
+    assert int(env["MALLOC_MMAP_THRESHOLD_"]) >= 2**30  # far above a step's largest tensor
+    assert int(env["MALLOC_TRIM_THRESHOLD_"]) >= 2**40  # never trimmed
+
+
+@pytest.mark.parametrize(
+    "user",
+    [
+        {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"},
+        {"MALLOC_ARENA_MAX": "2"},
+        {"MALLOC_TRIM_THRESHOLD_": "0"},
+        {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
+    ],
+)
+def test_the_users_own_allocator_settings_win(user):
+    assert user_allocator_settings(user)
+    assert allocator_env(user) == {}
+
+
+def test_other_glibc_tunables_are_not_allocator_settings():
+    assert allocator_env({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F"}) == allocator_env({})
+
+
+def test_a_cpu_engine_gets_the_settings_a_gpu_engine_does_not(no_user_allocator):
+    assert allocator_env().items() <= vllm_env(use_gpu=False).items()
+    assert not any(k.startswith("MALLOC_") for k in vllm_env(use_gpu=True))
+
+
+def test_a_cpu_learner_gets_the_settings_a_gpu_learner_does_not(no_user_allocator, tmp_path):
+    from agentrl_ray.config import load_config
+    from agentrl_ray.driver import learner_run_config
+
+    cpu = learner_run_config(load_config(None, ["profile=cpu"]), str(tmp_path))
+    gpu = learner_run_config(load_config(None, ["profile=cpu", "learner.use_gpu=true"]), str(tmp_path))
+    assert cpu.worker_runtime_env["env_vars"] == allocator_env()
+    assert gpu.worker_runtime_env["env_vars"] == {}
