@@ -19,7 +19,8 @@ process. A thread other than the main one allocates from heaps of at most 64 MiB
 (e.g. the logits of more than ~100 sequences at this vocabulary) still gets its own mapping.
 
 A user who chose their own allocator settings keeps them: nothing is set when LD_PRELOAD (tcmalloc, jemalloc), a
-MALLOC_*_ variable or a glibc.malloc tunable is in the driver's environment. Other C libraries ignore the variables.
+MALLOC_*_ variable or a glibc.malloc tunable is in the driver's environment, or AGENTRL_KEEP_FREED_MEMORY=0 (glibc's
+defaults). Other C libraries ignore the variables.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def user_allocator_settings(env: dict[str, str] | None = None) -> list[str]:
 def allocator_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """Environment variables for a process that runs the model on a CPU (see the module's docstring); empty where the
     user set their own."""
-    if user_allocator_settings(env):
+    env = os.environ if env is None else env
+    if user_allocator_settings(env) or env.get("AGENTRL_KEEP_FREED_MEMORY") == "0":
         return {}
     return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(NO_TRIM)}
 

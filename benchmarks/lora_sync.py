@@ -7,7 +7,9 @@ holding it (flush), then greedy generation speed with the adapter in place. Resu
     python benchmarks/lora_sync.py --model "$(python benchmarks/qwen05b_shape.py)" --dtype bfloat16 --modes merge
 
 Reports the engine process's resident memory and its peak (VmHWM) after the updates, and the greedy speed of the
-freshly built engine before any update (after one warm-up generation) to compare the speeds after each update with.
+freshly built engine before any update (after one warm-up generation) to compare the speeds after each update with,
+and the engine's minor page faults per generated token during each of those generations (agentrl_ray/allocator.py:
+`AGENTRL_KEEP_FREED_MEMORY=0` runs the engine with glibc's default allocator settings, for an A/B).
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ def peak_rss_gib(pid: int) -> dict[str, float]:
     return {"rss_gib": round(kib["VmRSS"] / 2**20, 3), "peak_rss_gib": round(kib["VmHWM"] / 2**20, 3)}
 
 
+def minor_faults(pid: int) -> int:
+    """The process's minor page faults so far (/proc/PID/stat, field 10)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
 def measure(
     mode: str, model_path: str, rank: int, versions: int, prompts: int, tokens: int, dtype: str = "float32"
 ) -> dict:
@@ -34,6 +41,7 @@ def measure(
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    from agentrl_ray.allocator import allocator_env
     from agentrl_ray.config import load_config
     from agentrl_ray.learner.policy import lora_tensors
     from agentrl_ray.rollout.pool import RolloutPool
@@ -58,9 +66,10 @@ def measure(
         prompt = list(range(10, 50))
         flush, gen = [], []
         pool.greedy([prompt] * prompts, tokens)  # warm-up: an engine's first generation is slower
-        t0 = time.perf_counter()
+        f0, t0 = minor_faults(pid), time.perf_counter()
         pool.greedy([prompt] * prompts, tokens)  # the built weights, before any update: the reference speed
         before = prompts * tokens / (time.perf_counter() - t0)
+        faults = [(minor_faults(pid) - f0) / (prompts * tokens)]
         for version in range(1, versions + 1):
             for name, p in model.named_parameters():
                 if "lora_B" in name:
@@ -69,9 +78,10 @@ def measure(
             t0 = time.perf_counter()
             sync.flush()
             flush.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
+            f0, t0 = minor_faults(pid), time.perf_counter()
             pool.greedy([prompt] * prompts, tokens)
             gen.append(prompts * tokens / (time.perf_counter() - t0))
+            faults.append((minor_faults(pid) - f0) / (prompts * tokens))
         adapter_mb = sum(t.numel() * 4 for _, t in lora_tensors(model)) / 2**20
         params = sum(p.numel() for p in base.parameters())
         return {
@@ -81,6 +91,8 @@ def measure(
             "flush_s": [round(x, 3) for x in flush],
             "greedy_tok_s_before_updates": round(before, 1),
             "greedy_tok_s": [round(x, 1) for x in gen],
+            "minor_faults_per_token": [round(x, 1) for x in faults],  # before the updates, then after each
+            "allocator_env": allocator_env(),
             "engine_memory_started": started,
             "engine_memory_after_updates": peak_rss_gib(pid),
         }

@@ -109,6 +109,11 @@ def test_the_users_own_allocator_settings_win(user):
     assert allocator_env(user) == {}
 
 
+def test_the_settings_can_be_turned_off():
+    assert allocator_env({"AGENTRL_KEEP_FREED_MEMORY": "0"}) == {}
+    assert allocator_env({"AGENTRL_KEEP_FREED_MEMORY": "1"}) == allocator_env({})
+
+
 def test_other_glibc_tunables_are_not_allocator_settings():
     assert allocator_env({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F"}) == allocator_env({})
 
