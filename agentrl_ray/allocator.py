@@ -6,17 +6,19 @@ float32), a learner its activations (~3 GiB per micro-batch at the 0.5B shape). 
 mmap threshold (which adapts, up to 32 MiB) a fresh mapping and unmaps it when it is freed, and returns the free top of
 its heap to the kernel: so every step page-faults and zeroes that memory again. At the 0.5B shape in bfloat16 that was
 1.9 million page faults per 64 x 64 generated tokens, ~20% of an engine's decode time, and 18% of a learner's
-micro-batch (docs/benchmarks.md, round 8). `allocator_env` raises the mmap threshold to 1 GiB and turns trimming off,
-so a freed block goes back to malloc's free lists, still mapped, for the next step. Kept as it is, a process would
-hold its high-water mark from then on: the engine the temporaries of its last weight reload, the learner the
-activations of a micro-batch while the engines sample. So each gives it back where a phase ends
-(`release_freed_memory`: after a weight reload and a rollout call, after the learner's update): the next phase
-page-faults its first step's blocks once, not every step's.
+micro-batch (docs/benchmarks.md, round 8). `allocator_env` raises the mmap threshold to 1 GiB, turns trimming off and
+puts every thread on malloc's main heap (one arena: a thread other than the main one, such as the one where a Ray
+actor runs its methods, otherwise allocates from heaps of at most 64 MiB that glibc unmaps whole once they are
+empty, whatever the trim threshold says). A freed block then goes back to malloc's free lists, still mapped, for
+the next step. Kept as it is, a process would hold its high-water mark from then on: the engine the temporaries of
+its last weight reload, the learner the activations of a micro-batch while the engines sample. So each gives it
+back where a phase ends (`release_freed_memory`: after a weight reload and a rollout call, after the learner's
+update), and the next phase page-faults its blocks once, not at every step. Measured with the engine alone after
+such a release: 3-5 page faults per generated token on one arena, 130-160 with glibc's per-thread arenas.
 
 glibc reads these variables once, when the process starts, so they go in the runtime environment of the actors that
 run the model (`rollout.engine.vllm_env`, the learner workers' `worker_runtime_env`), not in os.environ of a running
-process. A thread other than the main one allocates from heaps of at most 64 MiB: a single tensor larger than that
-(e.g. the logits of more than ~100 sequences at this vocabulary) still gets its own mapping.
+process.
 
 A user who chose their own allocator settings keeps them: nothing is set when LD_PRELOAD (tcmalloc, jemalloc), a
 MALLOC_*_ variable or a glibc.malloc tunable is in the driver's environment, or AGENTRL_KEEP_FREED_MEMORY=0 (glibc's
@@ -56,7 +58,11 @@ def allocator_env(env: dict[str, str] | None = None) -> dict[str, str]:
     env = os.environ if env is None else env
     if user_allocator_settings(env) or env.get("AGENTRL_KEEP_FREED_MEMORY") == "0":
         return {}
-    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(NO_TRIM)}
+    return {
+        "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+        "MALLOC_TRIM_THRESHOLD_": str(NO_TRIM),
+        "MALLOC_ARENA_MAX": "1",
+    }
 
 
 def release_freed_memory() -> None:

@@ -13,14 +13,18 @@ import pytest
 from agentrl_ray.allocator import USER_SETTINGS, allocator_env, user_allocator_settings
 from agentrl_ray.rollout.engine import vllm_env
 
-# 24 x a 39 MB float32 tensor (64 x 151,936 logits), in a thread other than the main one, as in a Ray actor.
+# 24 x a 39 MB float32 tensor (64 x 151,936 logits), in a thread other than the main one, as in a Ray actor, after
+# memory was released as at the end of a phase.
 _FAULTS = textwrap.dedent(
     """
     import json, resource, threading, torch
+    from agentrl_ray.allocator import release_freed_memory
     out = {}
     def steps():
         for _ in range(3):  # the heap reaches its high-water mark
             x = torch.ones(64, 151936); y = x * 2; del x, y
+        release_freed_memory()  # as where a phase ends: the next step faults once, the ones after it not
+        x = torch.ones(64, 151936); y = x * 2; del x, y
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(24):
             x = torch.ones(64, 151936); y = x * 2; del x, y
@@ -93,6 +97,7 @@ def test_the_settings_keep_freed_memory():
     env = allocator_env({})
     assert int(env["MALLOC_MMAP_THRESHOLD_"]) >= 2**30  # far above a step's largest tensor
     assert int(env["MALLOC_TRIM_THRESHOLD_"]) >= 2**40  # never trimmed
+    assert env["MALLOC_ARENA_MAX"] == "1"  # every thread on the main heap, which has no 64 MiB heaps to unmap
 
 
 @pytest.mark.parametrize(
