@@ -5,8 +5,9 @@ logits of each decode step and their log-probabilities (64 sequences x a 151,936
 float32), a learner its activations (~3 GiB per micro-batch at the 0.5B shape). glibc's malloc gives a block above its
 mmap threshold (which adapts, up to 32 MiB) a fresh mapping and unmaps it when it is freed, and returns the free top of
 its heap to the kernel: so every step page-faults and zeroes that memory again. At the 0.5B shape in bfloat16 that was
-1.9 million page faults per 64 x 64 generated tokens, ~20% of an engine's decode time, and 18% of a learner's
-micro-batch (docs/benchmarks.md, round 8). `allocator_env` raises the mmap threshold to 1 GiB, turns trimming off and
+1.9 million page faults per 64 x 64 generated tokens and ~20% of an engine's decode time; a learner's micro-batch
+ran 13-18% faster without them in single runs of its benchmark, within that machine's spread between runs
+(docs/benchmarks.md, round 8). `allocator_env` raises the mmap threshold to 1 GiB, turns trimming off and
 puts every thread on malloc's main heap (one arena: a thread other than the main one, such as the one where a Ray
 actor runs its methods, otherwise allocates from heaps of at most 64 MiB that glibc unmaps whole once they are
 empty, whatever the trim threshold says). A freed block then goes back to malloc's free lists, still mapped, for
