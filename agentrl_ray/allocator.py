@@ -7,15 +7,16 @@ mmap threshold (which adapts, up to 32 MiB) a fresh mapping and unmaps it when i
 its heap to the kernel: so every step page-faults and zeroes that memory again. At the 0.5B shape in bfloat16 that was
 1.9 million page faults per 64 x 64 generated tokens and ~20% of an engine's decode time; a learner's micro-batch
 ran 13-18% faster without them in single runs of its benchmark, within that machine's spread between runs
-(docs/benchmarks.md, round 8). `allocator_env` raises the mmap threshold to 1 GiB, turns trimming off and
-puts every thread on malloc's main heap (one arena: a thread other than the main one, such as the one where a Ray
-actor runs its methods, otherwise allocates from heaps of at most 64 MiB that glibc unmaps whole once they are
-empty, whatever the trim threshold says). A freed block then goes back to malloc's free lists, still mapped, for
-the next step. Kept as it is, a process would hold its high-water mark from then on: the engine the temporaries of
-its last weight reload, the learner the activations of a micro-batch while the engines sample. So each gives it
-back where a phase ends (`release_freed_memory`: after a weight reload and a rollout call, after the learner's
-update), and the next phase page-faults its blocks once, not at every step. Measured with the engine alone after
-such a release: 3-5 page faults per generated token on one arena, 130-160 with glibc's per-thread arenas.
+(docs/benchmarks.md, round 8). `allocator_env` raises the mmap threshold to 1 GiB, turns trimming off and puts every
+thread on malloc's main heap (one arena: a thread other than the main one, such as the one where a Ray actor runs
+its methods, otherwise allocates from heaps of at most 64 MiB that glibc unmaps whole once they are empty, whatever
+the trim threshold says). A freed block then goes back to malloc's free lists, still mapped, for the next step. Kept
+as it is, a process would hold its high-water mark from then on: the engine the temporaries of its last weight
+reload, the learner the activations of a micro-batch while the engines sample. So each gives it back where a phase
+ends, when it holds more than 128 MiB free (`release_freed_memory`: after a weight reload and a rollout call, after
+the learner's update), and the next phase page-faults its blocks once, not at every step. Measured with the engine
+alone after such a release: 3-5 page faults per generated token on one arena, 130-160 with glibc's per-thread
+arenas.
 
 glibc reads these variables once, when the process starts, so they go in the runtime environment of the actors that
 run the model (`rollout.engine.vllm_env`, the learner workers' `worker_runtime_env`), not in os.environ of a running
@@ -66,22 +67,43 @@ def allocator_env(env: dict[str, str] | None = None) -> dict[str, str]:
     }
 
 
-def release_freed_memory() -> None:
-    """Give the memory freed since the last call back to the kernel (glibc's malloc_trim); a no-op elsewhere. Costs
-    a few milliseconds; the process's next large blocks page-fault once."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+RELEASE_ABOVE = 128 * 2**20  # free bytes in malloc's heap below which a release is not worth its cost
+
+
+def release_freed_memory(above: int = RELEASE_ABOVE) -> bool:
+    """Give the memory freed since the last call back to the kernel (glibc's malloc_trim) when malloc holds more than
+    `above` free bytes; a no-op elsewhere. True when it released. The check keeps small models' steps from paying
+    for a trim and the page faults after it (the tiny model's tool step: 0.29 -> 0.35 s with a trim at every step)."""
+    libc = _glibc()
+    if libc is None or _free_bytes(libc) <= above:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    ] + [("keepcost", ctypes.c_size_t)]
+
+
+def _free_bytes(libc) -> int:
+    """Bytes free in malloc's heaps (mallinfo2's fordblks, glibc >= 2.33); without mallinfo2, as if above any limit."""
+    info = getattr(libc, "mallinfo2", None)
+    if info is None:
+        return 2**63
+    info.restype = _Mallinfo2
+    return int(info().fordblks)
 
 
 @functools.cache
-def _malloc_trim():
+def _glibc():
     try:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # noqa: B018 (glibc's; other C libraries have no malloc_trim)
-        trim = libc.malloc_trim
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.malloc_trim.restype = ctypes.c_int
     except (OSError, AttributeError):
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim
+    return libc

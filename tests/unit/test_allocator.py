@@ -23,7 +23,7 @@ _FAULTS = textwrap.dedent(
     def steps():
         for _ in range(3):  # the heap reaches its high-water mark
             x = torch.ones(64, 151936); y = x * 2; del x, y
-        release_freed_memory()  # as where a phase ends: the next step faults once, the ones after it not
+        release_freed_memory(above=0)  # as where a phase ends: the next step faults once, the ones after it not
         x = torch.ones(64, 151936); y = x * 2; del x, y
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(24):
@@ -35,7 +35,8 @@ _FAULTS = textwrap.dedent(
 )
 
 
-# Five such tensors freed: held (mapped) with the settings until release_freed_memory gives them back.
+# Five such tensors freed: held (mapped) with the settings until release_freed_memory gives them back, if more than
+# its limit is free.
 _RELEASE = textwrap.dedent(
     """
     import json, threading, torch
@@ -50,8 +51,9 @@ _RELEASE = textwrap.dedent(
         out["during"] = rss_mib()
         del xs
         out["freed"] = rss_mib()
-        release_freed_memory()
-        out["released"] = rss_mib()
+        out["released_above_1GiB"] = release_freed_memory(above=2**30)  # 195 MB free: not worth a release
+        out["released"] = release_freed_memory(above=2**20)
+        out["after"] = rss_mib()
     t = threading.Thread(target=phase); t.start(); t.join()
     print(json.dumps(out))
     """
@@ -90,7 +92,8 @@ def test_released_memory_goes_back_to_the_kernel():
     rss = _run(_RELEASE, allocator_env({}))
     print(f"RSS MiB with five 39 MB tensors, after freeing them, after release_freed_memory: {rss}")
     held = 5 * 64 * 151936 * 4 / 2**20
-    assert rss["freed"] > rss["released"] + 0.8 * held  # kept mapped when freed, given back when released
+    assert not rss["released_above_1GiB"] and rss["released"]
+    assert rss["freed"] > rss["after"] + 0.8 * held  # kept mapped when freed, given back when released
 
 
 def test_the_settings_keep_freed_memory():
