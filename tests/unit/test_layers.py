@@ -17,6 +17,7 @@ LAYERS = {
     "config_help": 0,
     "profiles": 0,
     "threads": 0,
+    "allocator": 0,  # glibc's malloc settings for the processes that run the model, malloc_trim where a phase ends
     "local_ray": 0,
     "chat_format": 0,
     "algorithms": 0,
