@@ -7,16 +7,21 @@ mmap threshold (which adapts, up to 32 MiB) a fresh mapping and unmaps it when i
 its heap to the kernel: so every step page-faults and zeroes that memory again. At the 0.5B shape in bfloat16 that was
 1.9 million page faults per 64 x 64 generated tokens and ~20% of an engine's decode time; a learner's micro-batch
 ran 13-18% faster without them in single runs of its benchmark, within that machine's spread between runs
-(docs/benchmarks.md, round 8). `allocator_env` raises the mmap threshold to 1 GiB, turns trimming off and puts every
-thread on malloc's main heap (one arena: a thread other than the main one, such as the one where a Ray actor runs
-its methods, otherwise allocates from heaps of at most 64 MiB that glibc unmaps whole once they are empty, whatever
-the trim threshold says). A freed block then goes back to malloc's free lists, still mapped, for the next step. Kept
+(docs/benchmarks.md, round 8). `allocator_env` raises the mmap threshold to 1 GiB and turns trimming off. A freed
+block then goes back to malloc's free lists, still mapped, for the next step.
+
+An engine also gets one arena, every thread on malloc's main heap: a thread other than the main one, such as the one
+where a Ray actor runs its methods, otherwise allocates from heaps of at most 64 MiB that glibc unmaps whole once
+they are empty, whatever the trim threshold says. A learner does not: its OpenMP threads allocate inside parallel
+kernels (the attention's backward), and on one arena they wait for each other's lock. At the 25M shape in bfloat16
+that made the learner's update 4.75 s against 3.80 s with per-thread arenas (and 3.98 s with glibc's defaults;
+docs/benchmarks.md, round 9), while the 0.5B learner ran no faster on one arena than without it (round 8). Kept
 as it is, a process would hold its high-water mark from then on: the engine the temporaries of its last weight
 reload, the learner the activations of a micro-batch while the engines sample. So each gives it back where a phase
 ends, when it holds more than 128 MiB free (`release_freed_memory`: after a weight reload and a rollout call, after
 the learner's update), and the next phase page-faults its blocks once, not at every step. Measured with the engine
 alone after such a release: 3-5 page faults per generated token on one arena, 130-160 with glibc's per-thread
-arenas.
+arenas (hence one arena for the engine).
 
 glibc reads these variables once, when the process starts, so they go in the runtime environment of the actors that
 run the model (`rollout.engine.vllm_env`, the learner workers' `worker_runtime_env`), not in os.environ of a running
@@ -54,17 +59,16 @@ def user_allocator_settings(env: dict[str, str] | None = None) -> list[str]:
     return found
 
 
-def allocator_env(env: dict[str, str] | None = None) -> dict[str, str]:
+def allocator_env(env: dict[str, str] | None = None, *, one_arena: bool) -> dict[str, str]:
     """Environment variables for a process that runs the model on a CPU (see the module's docstring); empty where the
-    user set their own."""
+    user set their own. `one_arena`: every thread on malloc's main heap (an engine: yes; a learner: no)."""
     env = os.environ if env is None else env
     if user_allocator_settings(env) or env.get("AGENTRL_KEEP_FREED_MEMORY") == "0":
         return {}
-    return {
-        "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
-        "MALLOC_TRIM_THRESHOLD_": str(NO_TRIM),
-        "MALLOC_ARENA_MAX": "1",
-    }
+    out = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(NO_TRIM)}
+    if one_arena:
+        out["MALLOC_ARENA_MAX"] = "1"
+    return out
 
 
 RELEASE_ABOVE = 128 * 2**20  # free bytes in malloc's heap below which a release is not worth its cost

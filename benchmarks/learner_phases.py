@@ -55,7 +55,7 @@ def current_rss_gib() -> float:
     return kib / 2**20
 
 
-def one(variant: str, samples: int, seq: int, threads: int, repeats: int, prompt_len: int) -> dict:
+def one(variant: str, samples: int, seq: int, threads: int, repeats: int, prompt_len: int, profile: int = 0) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
     from qwen05b_shape import ensure_qwen05b_shape
@@ -121,6 +121,7 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int, prompt
     step()  # warm-up (and compilation)
     compile_step_s = time.perf_counter() - t_first
     runs = [step() for _ in range(repeats)]
+    ops = profile_step(step, profile) if profile else None
     best = {k: min(r[k] for r in runs) for k in runs[0]}
     tokens = samples * seq
     return {
@@ -140,7 +141,23 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int, prompt
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # loading's transients included
         "rss_after_steps_gib": current_rss_gib(),  # what stays resident while training
         "resident_after_load_gib": rss_after_load,
+        **({"profile_top_ops": ops} if ops else {}),
     }
+
+
+def profile_step(step, top: int) -> list[dict]:
+    """One more step under torch.profiler: the `top` operators by self CPU time (where a step's time goes that
+    is not GEMM: the non-GEMM share is what separates the learner from its roofline bound)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in rows) or 1
+    return [
+        {"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "share": e.self_cpu_time_total / total, "calls": e.count}
+        for e in rows[:top]
+    ]
 
 
 def main() -> None:
@@ -151,16 +168,18 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--prompt-len", type=int, default=60, help="tokens of each sequence no loss reads (`scored`)")
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--profile", type=int, default=0, help="profile one more step: report the top N operators")
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     if a.one:
-        print(json.dumps(one(a.one, a.samples, a.seq, a.threads, a.repeats, a.prompt_len)))
+        print(json.dumps(one(a.one, a.samples, a.seq, a.threads, a.repeats, a.prompt_len, a.profile)))
         return
     rows = []
     for v in a.variants.split(","):
         cmd = [sys.executable, __file__, "--one", v, f"--samples={a.samples}", f"--seq={a.seq}"]
         cmd += [f"--threads={a.threads}", f"--repeats={a.repeats}", f"--prompt-len={a.prompt_len}"]
+        cmd += [f"--profile={a.profile}"]
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if res.returncode != 0:
             print(f"{v}: failed: {res.stderr[-600:]}")
@@ -175,6 +194,8 @@ def main() -> None:
             f"(load {r['load_s']:.1f}s, first step {r['compile_step_s']:.1f}s)",
             flush=True,
         )
+        for op in r.get("profile_top_ops", []):
+            print(f"    {op['op']:<40} {op['self_s']:7.2f}s {op['share']:6.1%} x{op['calls']}")
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(rows, indent=2))

@@ -92,7 +92,7 @@ def measure(
             "greedy_tok_s_before_updates": round(before, 1),
             "greedy_tok_s": [round(x, 1) for x in gen],
             "minor_faults_per_token": [round(x, 1) for x in faults],  # before the updates, then after each
-            "allocator_env": allocator_env(),
+            "allocator_env": allocator_env(one_arena=True),
             "engine_memory_started": started,
             "engine_memory_after_updates": peak_rss_gib(pid),
         }

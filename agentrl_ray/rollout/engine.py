@@ -39,7 +39,7 @@ def vllm_env(*, use_gpu: bool) -> dict[str, str]:
         # exported a binding).
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         # Each decode step's logits stay mapped for the next step instead of being page-faulted again (allocator.py).
-        env.update(allocator_env())
+        env.update(allocator_env(one_arena=True))
     return env
 
 

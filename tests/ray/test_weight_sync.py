@@ -153,7 +153,7 @@ def test_engines_kv_cache_is_sized_to_the_run(setup, builtin_model_path):
 def test_cpu_engines_start_with_the_allocator_settings(setup):
     """Each engine's process started with allocator_env's variables (glibc reads them only then): a decode step's
     large tensors stay mapped for the next (allocator.py)."""
-    want = allocator_env()
+    want = allocator_env(one_arena=True)
     assert want  # the test's own environment sets no allocator of its own
     for pid in ray.get([w.pid.remote() for w in setup[1].workers]):
         environ = dict(

@@ -81,7 +81,7 @@ GLIBC = platform.libc_ver()[0] == "glibc"
 def test_freed_large_tensors_stay_mapped_with_the_settings():
     pages = 24 * 2 * 64 * 151936 * 4 // 4096  # two 39 MB tensors per step
     default = _run(_FAULTS, {})["faults"]
-    kept = _run(_FAULTS, allocator_env({}))["faults"]
+    kept = _run(_FAULTS, allocator_env({}, one_arena=True))["faults"]
     print(f"page faults over 24 steps: default {default}, with allocator_env {kept} (all fresh: {pages})")
     assert default > 0.9 * pages  # glibc maps and unmaps each one: every page faults again at every step
     assert kept < 0.2 * pages  # mapped once, used again (measured: 8% of the pages, residual heap growth)
@@ -89,18 +89,21 @@ def test_freed_large_tensors_stay_mapped_with_the_settings():
 
 @pytest.mark.skipif(not GLIBC, reason="the MALLOC_*_ variables and malloc_trim are glibc's")
 def test_released_memory_goes_back_to_the_kernel():
-    rss = _run(_RELEASE, allocator_env({}))
+    rss = _run(_RELEASE, allocator_env({}, one_arena=True))
     print(f"RSS MiB with five 39 MB tensors, after freeing them, after release_freed_memory: {rss}")
     held = 5 * 64 * 151936 * 4 / 2**20
     assert not rss["released_above_1GiB"] and rss["released"]
     assert rss["freed"] > rss["after"] + 0.8 * held  # kept mapped when freed, given back when released
 
 
-def test_the_settings_keep_freed_memory():
-    env = allocator_env({})
+@pytest.mark.parametrize("one_arena", [True, False])
+def test_the_settings_keep_freed_memory(one_arena):
+    env = allocator_env({}, one_arena=one_arena)
     assert int(env["MALLOC_MMAP_THRESHOLD_"]) >= 2**30  # far above a step's largest tensor
     assert int(env["MALLOC_TRIM_THRESHOLD_"]) >= 2**40  # never trimmed
-    assert env["MALLOC_ARENA_MAX"] == "1"  # every thread on the main heap, which has no 64 MiB heaps to unmap
+    # An engine: every thread on the main heap, which has no 64 MiB heaps to unmap. A learner: per-thread arenas,
+    # where its OpenMP threads allocate without waiting for one lock.
+    assert env.get("MALLOC_ARENA_MAX") == ("1" if one_arena else None)
 
 
 @pytest.mark.parametrize(
@@ -114,20 +117,21 @@ def test_the_settings_keep_freed_memory():
 )
 def test_the_users_own_allocator_settings_win(user):
     assert user_allocator_settings(user)
-    assert allocator_env(user) == {}
+    assert allocator_env(user, one_arena=True) == allocator_env(user, one_arena=False) == {}
 
 
 def test_the_settings_can_be_turned_off():
-    assert allocator_env({"AGENTRL_KEEP_FREED_MEMORY": "0"}) == {}
-    assert allocator_env({"AGENTRL_KEEP_FREED_MEMORY": "1"}) == allocator_env({})
+    assert allocator_env({"AGENTRL_KEEP_FREED_MEMORY": "0"}, one_arena=True) == {}
+    assert allocator_env({"AGENTRL_KEEP_FREED_MEMORY": "1"}, one_arena=True) == allocator_env({}, one_arena=True)
 
 
 def test_other_glibc_tunables_are_not_allocator_settings():
-    assert allocator_env({"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F"}) == allocator_env({})
+    tunable = {"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F"}
+    assert allocator_env(tunable, one_arena=True) == allocator_env({}, one_arena=True)
 
 
 def test_a_cpu_engine_gets_the_settings_a_gpu_engine_does_not(no_user_allocator):
-    assert allocator_env().items() <= vllm_env(use_gpu=False).items()
+    assert allocator_env(one_arena=True).items() <= vllm_env(use_gpu=False).items()
     assert not any(k.startswith("MALLOC_") for k in vllm_env(use_gpu=True))
 
 
@@ -137,5 +141,7 @@ def test_a_cpu_learner_gets_the_settings_a_gpu_learner_does_not(no_user_allocato
 
     cpu = learner_run_config(load_config(None, ["profile=cpu"]), str(tmp_path))
     gpu = learner_run_config(load_config(None, ["profile=cpu", "learner.use_gpu=true"]), str(tmp_path))
-    assert cpu.worker_runtime_env["env_vars"] == allocator_env()
+    assert cpu.worker_runtime_env["env_vars"] == allocator_env(one_arena=False)
+    assert "MALLOC_MMAP_THRESHOLD_" in cpu.worker_runtime_env["env_vars"]
+    assert "MALLOC_ARENA_MAX" not in cpu.worker_runtime_env["env_vars"]  # per-thread arenas for its OpenMP threads
     assert gpu.worker_runtime_env["env_vars"] == {}
