@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import warnings
 from typing import Any
 
 MAX_EXPRESSION_CHARS = 500
@@ -28,6 +29,11 @@ _BINARY = {
 }
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 _HINTS = {ast.BitXor: "use ** for powers, ^ is not supported"}
+# Python's parser warns about some of what a model writes ("5or 2", "2in x": SyntaxWarning "invalid decimal literal")
+# before it parses it; such an expression is rejected below with a reason, so the warning would only print a line on
+# the console per tool call. Ignored for our own parses only (their filename).
+_SOURCE = "<calculator>"
+warnings.filterwarnings("ignore", category=SyntaxWarning, module=_SOURCE)
 
 
 class CalculatorEnv:
@@ -52,7 +58,7 @@ def evaluate(expression: str) -> int | float:
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise ValueError(f"expression is {len(expression)} characters, the limit is {MAX_EXPRESSION_CHARS}")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        tree = ast.parse(expression.strip(), filename=_SOURCE, mode="eval")
     except SyntaxError as e:
         shown = expression if len(expression) <= 80 else expression[:80] + "..."
         raise ValueError(f"invalid expression {shown!r}: {e.msg}") from None

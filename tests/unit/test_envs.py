@@ -252,6 +252,25 @@ def test_calculator_errors(expression, message):
         evaluate(expression)
 
 
+def test_calculator_rejects_what_the_parser_warns_about_without_printing_it():
+    """"5or 2" parses (with a SyntaxWarning that Python prints to stderr) and is then rejected: the tool answers with
+    the reason, and the console gets no line per call. In a fresh process: the warning is printed once per source."""
+    import subprocess
+    import sys
+
+    script = (
+        "from agentrl_ray.envs.calculator import evaluate\n"
+        "for e in ('5or 2', '2in [1]', '1if 2 else 3'):\n"
+        "    try:\n"
+        "        evaluate(e)\n"
+        "    except ValueError as err:\n"
+        "        print(err)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert res.stdout.count("unsupported syntax") == 3
+    assert "SyntaxWarning" not in res.stderr, res.stderr
+
+
 def test_calculator_env_contract():
     env = CalculatorEnv()
     assert env.reset(prompt="hi", answer="3") is None
