@@ -253,8 +253,9 @@ def test_calculator_errors(expression, message):
 
 
 def test_calculator_rejects_what_the_parser_warns_about_without_printing_it():
-    """ "5or 2" parses (with a SyntaxWarning that Python prints to stderr) and is then rejected: the tool answers with
-    the reason, and the console gets no line per call. In a fresh process: the warning is printed once per source."""
+    """An expression like "5or 2" parses (with a SyntaxWarning Python prints to stderr) and is then rejected: the
+    tool answers with the reason, and the console gets no line per call. In a fresh process: the warning is printed
+    once per source."""
     import subprocess
     import sys
 
