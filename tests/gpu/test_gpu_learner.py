@@ -1,0 +1,240 @@
+"""GPU tier, learner side: the learner's own code on CUDA, without rollout engines. Skipped without a CUDA device.
+
+Run on a GPU machine (README):  python -m pytest tests/gpu/test_gpu_learner.py -m gpu -v
+
+These need Ray, DeepSpeed, peft and bitsandbytes but not vLLM, so they run wherever CUDA torch does; the end-to-end
+tests beside this file add vLLM's CUDA engines.
+- `hidden_token_logprobs` at a real vocabulary (Qwen2.5's 151,936) on CUDA: equal to the full-logits float32
+  computation, values and gradients, while its peak memory stays far below what the (N, V) logits alone need.
+- One real `update()` in a 1-worker Ray Train TorchTrainer on the GPU (NCCL backend), for each learner setting a GPU
+  user runs: the GPU profile's DeepSpeed ZeRO-2 in bfloat16, LoRA under bf16 autocast (eager and compiled), and
+  QLoRA (an NF4 base through bitsandbytes' CUDA kernels). Before the update, its log-probabilities equal a float32
+  CPU reference computed here from the same weights (the `loss/mismatch_abs` metric, within bfloat16 rounding) and
+  so does its ECHO cross-entropy on the tool-result tokens; after it, the trained tensors moved and the samples with
+  a positive advantage gained log-probability against those with a negative one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+VOCAB = 151_936  # Qwen2.5's
+PROMPT, ACTION, ENV = 8, 6, 5  # a trajectory: prompt, action, tool result, action
+
+
+def test_chunked_logprobs_at_a_real_vocabulary_equal_full_logits_in_bounded_memory():
+    from agentrl_ray.algorithms import token_logprobs_and_entropy
+    from agentrl_ray.chunked_logprobs import CHUNK_ELEMENTS, hidden_token_logprobs
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    bsz, seqlen, width = 8, 512, 896  # 4,096 tokens: (N, V) float32 logits are 2.3 GiB
+    hidden = (torch.randn(bsz, seqlen, width, device=dev, generator=g) * 0.5).bfloat16().requires_grad_()
+    weight = (torch.randn(VOCAB, width, device=dev, generator=g) * 0.05).bfloat16().requires_grad_()
+    ids = torch.randint(0, VOCAB, (bsz, seqlen), device=dev, generator=g)
+    upstream = torch.randn(bsz, seqlen, device=dev, generator=g)
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    logp, ent = hidden_token_logprobs(hidden, weight, ids, compute_dtype=torch.bfloat16)
+    (logp * upstream).sum().backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    got = (logp.detach(), ent, hidden.grad.clone(), weight.grad.clone())
+    hidden.grad = weight.grad = None
+
+    # Reference: the whole (B, T, V) logits from the same bfloat16 matmul, softmax math in float32.
+    ref_logp, ref_ent = token_logprobs_and_entropy((hidden @ weight.T).float(), ids, True)
+    (ref_logp * upstream).sum().backward()
+    ref = (ref_logp.detach(), ref_ent, hidden.grad, weight.grad)
+
+    logits_bytes = bsz * seqlen * VOCAB * 4
+    print(f"chunked peak {peak / 2**20:.0f} MiB; float32 logits alone {logits_bytes / 2**20:.0f} MiB")
+    # What the chunked path may hold: the inputs' gradients and a few chunks' (chunk, V) float32 temporaries.
+    grads_bytes = hidden.numel() * 2 + weight.numel() * 2
+    assert peak < grads_bytes + 8 * CHUNK_ELEMENTS * 4 < logits_bytes / 2
+    for name, a, b in zip(("logprobs", "entropy"), got[:2], ref[:2]):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=2e-3, msg=name)
+    for name, a, b in zip(("d hidden", "d weight"), got[2:], ref[2:]):  # bfloat16 gradients: compare as a whole
+        rel = (a.float() - b.float()).norm() / b.float().norm()
+        assert rel < 2e-2, f"{name}: relative error {rel:.2e}"
+
+
+# ---------------------------------------------------------------- one update in Ray Train on the GPU
+
+
+def trajectories(tok_count: int, seed: int):
+    """4 groups of 4: prompt, action, tool result, action; rewards 1, 0, 1, 0 in every group (non-zero advantages)."""
+    from agentrl_ray.types import Trajectory, TrajectoryGroup
+
+    g = torch.Generator().manual_seed(seed)
+    roles = [0] * PROMPT + [1] * ACTION + [2] * ENV + [1] * ACTION
+    groups = []
+    for p in range(4):
+        trajs = []
+        for s in range(4):
+            ids = torch.randint(3, tok_count, (len(roles),), generator=g).tolist()
+            trajs.append(
+                Trajectory(
+                    prompt_id=f"p{p}",
+                    sample_index=s,
+                    token_ids=ids,
+                    action_mask=[int(r == 1) for r in roles],
+                    env_mask=[int(r == 2) for r in roles],
+                    template_mask=[0] * len(roles),
+                    rollout_logprobs=[0.0] * len(roles),  # filled in from the CPU reference
+                    reward=float(s % 2 == 0),
+                    policy_version=0,
+                    finish_reason="answer",
+                    prompt_len=PROMPT,
+                )
+            )
+        groups.append(TrajectoryGroup(prompt_id=f"p{p}", trajectories=trajs))
+    return groups
+
+
+def cpu_reference(model_path: str, groups) -> tuple[float, float]:
+    """Writes float32 CPU log-probs of the action tokens into the trajectories' rollout_logprobs (what an engine
+    would report); returns their mean magnitude and the mean cross-entropy of the tool-result tokens."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    ce, act = [], []
+    with torch.no_grad():
+        for group in groups:
+            for t in group.trajectories:
+                ids = torch.tensor([t.token_ids])
+                logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+                tok = logp.gather(1, ids[0, 1:, None])[:, 0]  # log p(token t | tokens < t), t >= 1
+                t.rollout_logprobs = [0.0] + [float(v) if a else 0.0 for v, a in zip(tok, t.action_mask[1:])]
+                ce += [-float(v) for v, e in zip(tok, t.env_mask[1:]) if e]
+                act += [-float(v) for v, a in zip(tok, t.action_mask[1:]) if a]
+    return sum(act) / len(act), sum(ce) / len(ce)
+
+
+def action_logprob_means(policy, groups, cfg, pad_id: int) -> list[float]:
+    from agentrl_ray.learner.batching import build_batch
+
+    batch = build_batch(groups, cfg.algorithm, pad_id, cfg.rollout.max_total_tokens)
+    dev = policy.device
+    mask = batch.action_mask.to(dev).float()
+    with torch.no_grad():
+        logp, _ = policy.token_logprobs(batch.input_ids.to(dev), batch.attention_mask.to(dev), False)
+    return ((logp.float() * mask).sum(1) / mask.sum(1)).tolist()
+
+
+def learner_step(config: dict) -> None:
+    """Ray Train worker on the GPU: one real `update()`; reports what the test checks."""
+    import ray.train
+
+    from agentrl_ray.learner.loop import update
+    from agentrl_ray.learner.policy import Policy
+
+    cfg, groups, pad_id = config["config"], config["groups"], config["pad_id"]
+    torch.manual_seed(0)
+    policy = Policy(config["model_path"], cfg.model, cfg.learner, need_reference=False)
+    trained = {n: p.detach().clone() for n, p in policy.module.named_parameters() if p.requires_grad}
+    before = action_logprob_means(policy, groups, cfg, pad_id)
+    metrics = update(policy, groups, cfg, step=0, pad_id=pad_id)
+    after = action_logprob_means(policy, groups, cfg, pad_id)
+    named = dict(policy.module.named_parameters())
+    metrics.update(
+        device=str(policy.device),
+        tensors_changed=sum(not torch.equal(v, named[n].detach()) for n, v in trained.items()),
+        tensors_trained=len(trained),
+        logprob_change=[a - b for a, b in zip(after, before)],
+        four_bit_layers=sum(type(m).__name__ == "Linear4bit" for m in policy.module.modules()),
+        peak_gpu_mib=torch.cuda.max_memory_allocated() / 2**20 if policy.device.type == "cuda" else 0.0,
+    )
+    # Ray Train (v2) hands the driver only metrics that came with a checkpoint.
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "metrics.json").write_text(json.dumps(metrics))
+        ray.train.report({"done": 1}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+
+
+def run_on_gpu(cfg, groups, model_path: str, pad_id: int, storage: Path) -> dict:
+    import ray.cloudpickle
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    module = sys.modules[__name__]
+    ray.cloudpickle.register_pickle_by_value(module)  # Ray Train's workers cannot import this test module
+    try:
+        trainer = TorchTrainer(
+            learner_step,
+            train_loop_config={"config": cfg, "groups": groups, "model_path": model_path, "pad_id": pad_id},
+            torch_config=TorchConfig(backend="nccl" if cfg.learner.use_gpu else "gloo"),
+            scaling_config=ray.train.ScalingConfig(num_workers=1, use_gpu=cfg.learner.use_gpu),
+            run_config=ray.train.RunConfig(name="gpu_learner", storage_path=str(storage)),
+        )
+        result = trainer.fit()
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(module)
+    if result.error is not None:
+        raise result.error
+    with result.checkpoint.as_directory() as folder:
+        return json.loads(Path(folder, "metrics.json").read_text())
+
+
+SETTINGS = {
+    # The GPU profile's learner: DeepSpeed ZeRO-2, bfloat16 weights with DeepSpeed's float32 masters.
+    "deepspeed_zero2": ["profile=gpu", "learner.num_workers=1"],
+    # LoRA, bf16 base under autocast, the adapter in float32; then the same with the decoder layers compiled.
+    "lora_bf16": ["profile=lora", "learner.use_gpu=true", "learner.bf16=true", "learner.lora.r=8"],
+    "lora_bf16_compiled": ["profile=lora", "learner.use_gpu=true", "learner.bf16=true", "learner.lora.r=8"]
+    + ["learner.compile=true"],
+    # QLoRA: the base in NF4 on the GPU (bitsandbytes), the adapter in float32.
+    "qlora_nf4": ["profile=lora", "learner.use_gpu=true", "learner.lora.r=8", "learner.lora.quantize=nf4"]
+    + ["learner.backend=ddp"],
+}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_learner_update_on_gpu(setting, local_ray, builtin_model_path, tmp_path):
+    from transformers import AutoTokenizer
+
+    from agentrl_ray.config import load_config
+
+    tok = AutoTokenizer.from_pretrained(builtin_model_path)
+    cfg = load_config(
+        None,
+        [
+            *SETTINGS[setting],
+            "learner.lr=1e-2",
+            "learner.micro_batch_size=8",  # two micro-batches: accumulation across them is exercised
+            "echo.coeff=0.05",  # in the loss, small enough that the policy term still decides the check below
+            f"run.output_dir={tmp_path}",
+            f"run.name={setting}",
+        ],
+    )
+    groups = trajectories(len(tok), seed=0)
+    ref_action_nll, ref_world_loss = cpu_reference(builtin_model_path, groups)
+    m = run_on_gpu(cfg, groups, builtin_model_path, tok.pad_token_id, tmp_path / "ray")
+    print(setting, {k: v for k, v in m.items() if k != "logprob_change"})
+
+    assert m["device"].startswith("cuda")
+    # Learner vs the float32 CPU reference before the update: bfloat16 rounding (2^-8 relative), not another model.
+    # The tokens are random, so their log-probabilities are large (~ -16) and so is their absolute rounding.
+    assert m["loss/mismatch_abs"] < 0.01 * ref_action_nll, (m["loss/mismatch_abs"], ref_action_nll)
+    assert abs(m["loss/world_loss"] - ref_world_loss) < 0.02 * ref_world_loss, (m["loss/world_loss"], ref_world_loss)
+    assert m["loss/skipped_nonfinite"] == 0
+    # Every trained tensor moves, except LoRA's A matrices: their first gradient is 0 (B starts at 0).
+    assert m["tensors_trained"] > 0 and m["tensors_changed"] >= m["tensors_trained"] // 2
+    change = m["logprob_change"]
+    rewarded = [c for i, c in enumerate(change) if i % 2 == 0]  # rewards 1, 0, 1, 0 in every group
+    unrewarded = [c for i, c in enumerate(change) if i % 2 == 1]
+    assert sum(rewarded) / len(rewarded) > sum(unrewarded) / len(unrewarded), change
+    if setting == "qlora_nf4":
+        assert m["four_bit_layers"] > 0
