@@ -54,6 +54,7 @@ class _HiddenTokenLogProb(torch.autograd.Function):
                 entropy[t0:t1] = lse[t0:t1] - (z - lse[t0:t1, None]).exp_().mul_(z).sum(-1)
         ctx.save_for_backward(hidden, w, targets, lse)
         ctx.temperature, ctx.chunk, ctx.weight_dtype = temperature, chunk, weight.dtype
+        ctx.vocab_slice = max(1, CHUNK_ELEMENTS // weight.shape[1])  # rows of the head's gradient added at once
         ctx.mark_non_differentiable(entropy)
         return out, entropy
 
@@ -76,8 +77,12 @@ class _HiddenTokenLogProb(torch.autograd.Function):
             dz = dz.to(w.dtype)
             if need_h:
                 grad_h[t0:t1] = (dz @ w).to(hidden.dtype)
-            if need_w:  # the head is trained (full fine-tuning): accumulate in float32 whatever the compute dtype
-                grad_w += (dz.T @ h).to(grad_w.dtype)
+            if need_w:  # the head is trained (full fine-tuning): accumulate in float32 whatever the compute dtype,
+                # a slice of the vocabulary at a time: add_ casts as it adds, so the only temporary is one slice's
+                # product, not a whole (V, H) one and its float32 copy (at 152k x 896: 0.8 GB less on the GPU)
+                for v0 in range(0, w.shape[0], ctx.vocab_slice):
+                    v1 = min(w.shape[0], v0 + ctx.vocab_slice)
+                    grad_w[v0:v1].add_(dz[:, v0:v1].T @ h)
         return grad_h, (grad_w.to(ctx.weight_dtype) if need_w else None), None, None, None, None, None
 
 

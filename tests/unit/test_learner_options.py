@@ -54,6 +54,19 @@ def test_gpu_offload_pins_host_memory():
     assert ds["bf16"] == {"enabled": True}
 
 
+def test_gpu_learners_use_torch_fused_adamw_unless_offloaded_or_overridden():
+    """On GPU DeepSpeed gets torch's fused AdamW (no nvcc build at start); CPU and offloaded optimizers keep
+    DeepSpeed's own; the pass-through can bring FusedAdam back."""
+
+    def params(*overrides):
+        return deepspeed_config(load_config(None, ["profile=gpu", *overrides]).learner)["optimizer"]["params"]
+
+    assert params()["torch_adam"] is True and params()["fused"] is True
+    assert "torch_adam" not in params("learner.zero_stage=3", "learner.offload_optimizer=true")
+    assert "torch_adam" not in deepspeed_config(load_config(None, DS).learner)["optimizer"]["params"]
+    assert params("learner.deepspeed_config.optimizer.params.torch_adam=false")["torch_adam"] is False
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
