@@ -180,7 +180,7 @@ def build_trainer(args: argparse.Namespace, model_path: Path, clock):
         output_dir=str(args.out / "trainer"),
         use_cpu=True,
         bf16=args.bf16,  # both sides: float32 (default) or bfloat16 autocast with float32 weights (--bf16)
-        gradient_checkpointing=False,  # TRL's default; costs a second forward and our side does not checkpoint
+        gradient_checkpointing=False,  # TRL defaults to True (a second forward); off as on our side: the same work
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=samples // micro,  # one optimizer step per generation batch (on-policy)
         num_generations=args.group,
