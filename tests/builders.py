@@ -2,6 +2,9 @@
 
 `pytest` puts this folder on sys.path (it holds the root conftest.py), so test modules import it as `builders`."""
 
+import sys
+from pathlib import Path
+
 from agentrl_ray.types import Trajectory
 
 # A 3-step-or-so default-task run on the built-in tiny model, checkpointing every step, no evaluation or plots:
@@ -43,3 +46,29 @@ def hidden_from_sandbox(path) -> bool:
     from pathlib import Path
 
     return any(Path(path).resolve().is_relative_to(d) for d in ("/tmp", "/var/tmp", "/dev/shm"))
+
+
+def fit_one_learner_worker(train_fn, loop_config: dict, storage: Path, *, name: str, use_gpu: bool = False):
+    """`train_fn` in a 1-worker Ray Train TorchTrainer (NCCL on a GPU, else gloo); returns the Result, raising the
+    worker's error. The module defining `train_fn` travels by value: Ray Train's workers cannot import test modules."""
+    import ray.cloudpickle
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    module = sys.modules[train_fn.__module__]
+    ray.cloudpickle.register_pickle_by_value(module)
+    try:
+        resources = None if use_gpu else {"CPU": 1}
+        trainer = TorchTrainer(
+            train_fn,
+            train_loop_config=loop_config,
+            torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+            scaling_config=ray.train.ScalingConfig(num_workers=1, use_gpu=use_gpu, resources_per_worker=resources),
+            run_config=ray.train.RunConfig(name=name, storage_path=str(storage)),
+        )
+        result = trainer.fit()
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(module)
+    if result.error is not None:
+        raise result.error
+    return result

@@ -17,7 +17,6 @@ tests beside this file add vLLM's CUDA engines.
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -166,25 +165,10 @@ def learner_step(config: dict) -> None:
 
 
 def run_on_gpu(cfg, groups, model_path: str, pad_id: int, storage: Path) -> dict:
-    import ray.cloudpickle
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from builders import fit_one_learner_worker
 
-    module = sys.modules[__name__]
-    ray.cloudpickle.register_pickle_by_value(module)  # Ray Train's workers cannot import this test module
-    try:
-        trainer = TorchTrainer(
-            learner_step,
-            train_loop_config={"config": cfg, "groups": groups, "model_path": model_path, "pad_id": pad_id},
-            torch_config=TorchConfig(backend="nccl" if cfg.learner.use_gpu else "gloo"),
-            scaling_config=ray.train.ScalingConfig(num_workers=1, use_gpu=cfg.learner.use_gpu),
-            run_config=ray.train.RunConfig(name="gpu_learner", storage_path=str(storage)),
-        )
-        result = trainer.fit()
-    finally:
-        ray.cloudpickle.unregister_pickle_by_value(module)
-    if result.error is not None:
-        raise result.error
+    config = {"config": cfg, "groups": groups, "model_path": model_path, "pad_id": pad_id}
+    result = fit_one_learner_worker(learner_step, config, storage, name="gpu_learner", use_gpu=cfg.learner.use_gpu)
     with result.checkpoint.as_directory() as folder:
         return json.loads(Path(folder, "metrics.json").read_text())
 

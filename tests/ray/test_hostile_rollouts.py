@@ -20,7 +20,6 @@ import secrets
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import zlib
@@ -297,26 +296,10 @@ def learner_step(config: dict) -> None:
 
 
 def run_learner(groups: list[TrajectoryGroup], cfg, model_path: str, pad_id: int, storage: Path) -> dict:
-    import ray.cloudpickle
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from builders import fit_one_learner_worker
 
-    module = sys.modules[__name__]
-    ray.cloudpickle.register_pickle_by_value(module)  # Ray Train's workers cannot import this test module
-    try:
-        trainer = TorchTrainer(
-            learner_step,
-            train_loop_config={"config": cfg, "groups": groups, "model_path": model_path, "pad_id": pad_id},
-            torch_config=TorchConfig(backend="gloo"),
-            scaling_config=ray.train.ScalingConfig(num_workers=1, use_gpu=False, resources_per_worker={"CPU": 1}),
-            run_config=ray.train.RunConfig(name="hostile", storage_path=str(storage)),
-        )
-        result = trainer.fit()
-    finally:
-        ray.cloudpickle.unregister_pickle_by_value(module)
-    if result.error is not None:
-        raise result.error
-    return dict(result.metrics)
+    config = {"config": cfg, "groups": groups, "model_path": model_path, "pad_id": pad_id}
+    return dict(fit_one_learner_worker(learner_step, config, storage, name="hostile").metrics)
 
 
 # ---------------------------------------------------------------- the test
