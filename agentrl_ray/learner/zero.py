@@ -35,23 +35,29 @@ def deepspeed_config(cfg: LearnerConfig) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.use_gpu}
     if cfg.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": cfg.use_gpu}
-    optimizer: dict[str, Any] = {"lr": cfg.lr, "betas": list(cfg.betas), "weight_decay": cfg.weight_decay}
-    if cfg.use_gpu and not cfg.offload_optimizer:
-        # torch's fused AdamW kernel, which ships in the torch wheel. DeepSpeed's own FusedAdam compiles itself with
-        # nvcc on first use: it needs the CUDA toolkit on every learner node (runtime images have none), takes about
-        # a minute, and fails outright on an arch list with a suffix (TORCH_CUDA_ARCH_LIST="9.0a", common on Hopper
-        # machines). `learner.deepspeed_config.optimizer.params.torch_adam=false` brings FusedAdam back.
-        optimizer.update(torch_adam=True, fused=True)
     ours: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
         "gradient_accumulation_steps": 1,  # accumulation is driven by hand (Policy.backward)
         "gradient_clipping": cfg.max_grad_norm,
         "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": optimizer},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": cfg.lr, "betas": list(cfg.betas), "weight_decay": cfg.weight_decay},
+        },
         "bf16": {"enabled": cfg.use_gpu},
         "steps_per_print": 10**9,
     }
-    return deep_merge(ours, copy.deepcopy(cfg.deepspeed_config))
+    out = deep_merge(ours, copy.deepcopy(cfg.deepspeed_config))
+    optimizer = out["optimizer"]
+    adam = str(optimizer.get("type", "")).lower() in ("adam", "adamw")
+    if cfg.use_gpu and not cfg.offload_optimizer and adam and optimizer["params"].get("torch_adam", True):
+        # torch's fused AdamW kernel, which ships in the torch wheel. DeepSpeed's own FusedAdam compiles itself with
+        # nvcc on first use: it needs the CUDA toolkit on every learner node (runtime images have none), takes about
+        # a minute, and fails outright on an arch list with a suffix (TORCH_CUDA_ARCH_LIST="9.0a", common on Hopper
+        # machines). Decided after the merge: `learner.deepspeed_config.optimizer.params.torch_adam=false` brings
+        # FusedAdam back (which takes no `fused`), and another optimizer type gets neither key.
+        optimizer["params"] = {"torch_adam": True, "fused": True, **optimizer["params"]}
+    return out
 
 
 def inference_config(ds_config: dict[str, Any]) -> dict[str, Any]:

@@ -64,7 +64,9 @@ def test_gpu_learners_use_torch_fused_adamw_unless_offloaded_or_overridden():
     assert params()["torch_adam"] is True and params()["fused"] is True
     assert "torch_adam" not in params("learner.zero_stage=3", "learner.offload_optimizer=true")
     assert "torch_adam" not in deepspeed_config(load_config(None, DS).learner)["optimizer"]["params"]
-    assert params("learner.deepspeed_config.optimizer.params.torch_adam=false")["torch_adam"] is False
+    fused_adam = params("learner.deepspeed_config.optimizer.params.torch_adam=false")
+    assert fused_adam["torch_adam"] is False and "fused" not in fused_adam  # FusedAdam takes no `fused`
+    assert "torch_adam" not in params("learner.deepspeed_config.optimizer.type=Lamb")
 
 
 @pytest.mark.parametrize(
