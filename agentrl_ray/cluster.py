@@ -77,11 +77,18 @@ def apply_plan(cfg: Config, plan: Plan) -> None:
             f"the plan has {len(plan.learners)} learner ranks but a step has only {samples} trajectories "
             "(rollout.prompts_per_step * rollout.group_size): every rank needs samples; set learner.num_workers"
         )
+    one_gpu = plan.mode == "colocated" and len(plan.engines) == 1 and len(plan.learners) == 1
     if plan.mode == "colocated" and cfg.sync.transport == "collective":
         # NCCL refuses two ranks of one communicator on the same GPU ("Duplicate GPU detected"), which is what a
-        # colocated learner rank 0 and its engine are.
-        log.info("placement colocated: weight sync through the object store (NCCL cannot pair ranks on one GPU)")
-        cfg.sync.transport = "object_store"
+        # colocated learner rank 0 and its engine are. On one GPU, CUDA IPC hands the weights over in place.
+        cfg.sync.transport = "ipc" if one_gpu else "object_store"
+        log.info("placement colocated: weight sync by %s (NCCL cannot pair ranks on one GPU)", cfg.sync.transport)
+    if cfg.sync.transport == "ipc" and plan.mode != "cpu" and not one_gpu:
+        raise PlacementError(
+            f"sync.transport=ipc hands weights over on learner rank 0's GPU, so every engine must share it: this "
+            f"plan ({plan.mode}) has {len(plan.engines)} engine(s) and {len(plan.learners)} learner rank(s); use "
+            "sync.transport=object_store (colocated) or collective (separate)"
+        )
     cfg.rollout.num_workers = len(plan.engines)
     cfg.env.num_actors = len(plan.env_hosts)
     cfg.learner.num_workers = len(plan.learners)

@@ -60,8 +60,11 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    """The rollout workers: one vLLM engine each (`rollout.*`)."""
+    """The rollout workers: one engine each (`rollout.*`)."""
 
+    backend: Literal["vllm", "torch"] = "vllm"
+    """Rollout engine: vllm (default, CPU and CUDA) or torch (transformers' generation on any device torch runs on:
+    the fallback where vLLM does not run). Which supports what: docs/backends.md."""
     num_workers: int = 1
     """Rollout workers (vLLM engines); each step's prompts are split over them."""
     group_size: int = 8
@@ -99,10 +102,12 @@ class RolloutConfig:
     enable_prefix_caching: bool = True
     """Reuse KV blocks across the samples of a group and the turns of an episode."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra vLLM engine arguments we do not wrap (names of vLLM's EngineArgs, checked when the engine starts)."""
+    """Extra engine arguments we do not wrap, checked when the engine starts: names of vLLM's EngineArgs (vllm), or
+    cache_implementation (dynamic|static) and compile (true|false) for the torch backend."""
     sleep_mode: Literal["auto", "always", "never"] = "auto"
-    """vLLM sleep mode (level 1) between rollouts, so a learner rank sharing the GPU gets its memory: auto = on when
-    engines and learner ranks share GPUs (placement colocated) and sync.max_staleness=0; always needs GPU engines."""
+    """Engine sleep between rollouts (vLLM's sleep mode level 1; the torch backend moves its weights to CPU memory),
+    so a learner rank sharing the GPU gets its memory: auto = on when engines and learner ranks share GPUs
+    (placement colocated) and sync.max_staleness=0; always needs GPU engines."""
     lora_mode: Literal["auto", "native", "merge"] = "auto"
     """How engines apply the synced LoRA adapter: native = vLLM's LoRA (a new LoRARequest per version), merge = into
     the base weights, read again from the model folder tensor by tensor at each update (the engine keeps no copy of
@@ -297,12 +302,14 @@ class LearnerConfig:
 class SyncConfig:
     """Weight sync from the learner to the rollout engines after every step (`sync.*`)."""
 
-    transport: Literal["object_store", "collective"] = "object_store"
-    """Ray's object store, or a gloo/NCCL broadcast group between learner rank 0 and the engines."""
+    transport: Literal["object_store", "collective", "ipc"] = "object_store"
+    """Ray's object store; a gloo/NCCL broadcast group between learner rank 0 and the engines; or ipc: CUDA IPC
+    handles from learner rank 0 to the engines on its GPU, never through host memory (chosen for a colocated plan on
+    one GPU; on CPU the tensors travel by value)."""
     max_staleness: int = 0
     """0: on-policy; 1: step t+1 is sampled while step t trains (one version behind)."""
     bucket_mb: int = 256
-    """Collective transport: MiB per broadcast bucket (the extra memory on either end)."""
+    """Collective and ipc transports: MiB per bucket (collective: the extra memory on either end)."""
 
 
 @dataclass
@@ -608,11 +615,19 @@ def validate(cfg: Config) -> None:
     )
     need(
         r.sleep_mode != "always" or r.use_gpu,
-        "rollout.sleep_mode=always needs rollout.use_gpu=true: vLLM has sleep mode on CUDA (and ROCm/XPU), not on CPU",
+        "rollout.sleep_mode=always needs rollout.use_gpu=true: engines sleep on accelerators only, not on CPU",
     )
     need(
         r.lora_mode != "native" or lr.lora.enabled,
         "rollout.lora_mode=native applies a LoRA adapter in the engine: it needs learner.lora.enabled=true",
+    )
+    need(
+        r.backend == "vllm" or r.tensor_parallel_size == 1,
+        "rollout.tensor_parallel_size > 1 is vLLM's tensor parallelism: the torch backend runs one device per engine",
+    )
+    need(
+        r.backend == "vllm" or r.lora_mode != "native",
+        "rollout.lora_mode=native is vLLM's LoRA; the torch backend merges adapters: use rollout.lora_mode=merge",
     )
     need(0 <= r.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization must be in [0, 1] (0 = from placement)")
     need(cfg.placement.timeout_s > 0, "placement.timeout_s must be > 0")

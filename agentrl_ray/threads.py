@@ -9,7 +9,7 @@ and handed to every actor, which applies it with the cores of the node it runs o
   both run the cores are oversubscribed, which costs little only because OpenMP threads then sleep instead of spin
   when they wait (`OMP_WAIT_POLICY=PASSIVE`).
 - Environment variables every actor of the run inherits (`actor_env`): quiet logs, that wait policy, and DeepSpeed's
-  accelerator on a CPU learner. The engine's own settings live with the engine (`rollout.engine.vllm_env`).
+  accelerator on a CPU learner. The engine's own settings live with the engine (`rollout.vllm_engine.vllm_env`).
 - "Is this on GPU" is asked here, one way: `learner_on_gpu` (learner.use_gpu) and `engines_on_gpu`
   (rollout.use_gpu).
 """

@@ -179,6 +179,7 @@ class TensorMeta:
 
 
 WEIGHT_KINDS = ("full", "lora")
+WEIGHT_TRANSPORTS = ("object_store", "collective", "ipc")
 
 
 @dataclass
@@ -188,7 +189,8 @@ class WeightUpdate:
     kind "full": Hugging Face named tensors of the whole model; "lora": the adapter's A/B tensors, which the
     receiver merges into its base weights with `lora_scaling`. Object store: `payload` is the reference of one packed
     buffer laid out by `tensors`. Collective: `payload` is None and the tensors arrive by broadcast, in order, in
-    `buckets` (tensors per broadcast; each bucket is of one dtype).
+    `buckets` (tensors per broadcast; each bucket is of one dtype). IPC: `payload` holds one `sync.ipc.IpcHandle`
+    per bucket, a flat buffer on the learner's GPU that the engine opens in place (`sync/ipc.py`).
     """
 
     version: int
@@ -197,6 +199,7 @@ class WeightUpdate:
     payload: Any = None
     lora_scaling: float = 0.0
     buckets: list[int] = field(default_factory=list)
+    transport: str = "object_store"
 
     def __post_init__(self) -> None:
         if self.kind not in WEIGHT_KINDS:
@@ -209,12 +212,20 @@ class WeightUpdate:
             raise ValueError(
                 f"WeightUpdate buckets hold {sum(self.buckets)} tensors, the update has {len(self.tensors)}"
             )
-        if self.payload is None and not self.buckets and self.tensors:
-            raise ValueError("a WeightUpdate needs a payload (object store) or buckets (collective)")
+        if self.transport not in WEIGHT_TRANSPORTS:
+            raise ValueError(f"WeightUpdate transport {self.transport!r} not in {WEIGHT_TRANSPORTS}")
+        if self.transport == "object_store" and self.payload is None and self.tensors:
+            raise ValueError("an object-store WeightUpdate needs a payload (the packed buffer's reference)")
+        if self.transport == "collective" and (self.payload is not None or (self.tensors and not self.buckets)):
+            raise ValueError("a collective WeightUpdate has buckets and no payload (its tensors are broadcast)")
+        if self.transport == "ipc" and len(self.payload or []) != len(self.buckets):
+            raise ValueError(
+                f"an ipc WeightUpdate needs one handle per bucket: {len(self.payload or [])} for {len(self.buckets)}"
+            )
 
     @property
     def collective(self) -> bool:
-        return self.payload is None
+        return self.transport == "collective"
 
 
 @dataclass

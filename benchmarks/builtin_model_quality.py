@@ -102,7 +102,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=48, help="per turn")
     args = p.parse_args()
 
-    from agentrl_ray.rollout.engine import VLLMEngine, vllm_env
+    from agentrl_ray.rollout.vllm_engine import VLLMEngine, vllm_env
 
     use_gpu = torch.cuda.is_available()
     os.environ.update(vllm_env(use_gpu=use_gpu))

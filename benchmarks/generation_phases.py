@@ -1,4 +1,4 @@
-"""Prefill and decode of our rollout engine (vLLM CPU through `rollout.engine.VLLMEngine`), timed apart, at a shape.
+"""Prefill and decode of our rollout engine (vLLM CPU through `rollout.vllm_engine.VLLMEngine`), timed apart, at a shape.
 
     export AGENTRL_CACHE=$PWD/.cache/agentrl_ray
     python benchmarks/generation_phases.py --model qwen05b --prompts 8 --group 8 --decode 32 \
@@ -41,7 +41,7 @@ def main() -> None:
     p.add_argument("--block-size", type=int, default=0, help="KV block size (0: the engine's CPU default)")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
-    from agentrl_ray.rollout.engine import vllm_env
+    from agentrl_ray.rollout.vllm_engine import vllm_env
 
     os.environ.update(vllm_env(use_gpu=False))
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
@@ -52,7 +52,7 @@ def main() -> None:
         from qwen05b_shape import ensure_qwen05b_shape
 
         a.model = str(ensure_qwen05b_shape())
-    from agentrl_ray.rollout.engine import VLLMEngine
+    from agentrl_ray.rollout.vllm_engine import VLLMEngine
 
     t0 = time.perf_counter()
     engine = VLLMEngine(

@@ -35,7 +35,7 @@ from agentrl_ray.chat_format import (
 from agentrl_ray.config import RolloutConfig
 from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.messages import assistant_message, tool_messages
-from agentrl_ray.rollout.engine import VLLMEngine
+from agentrl_ray.rollout.engine import Engine
 from agentrl_ray.types import RolloutTimings, TokenRole
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class Episode:
 
 async def run_episodes(
     episodes: list[Episode],
-    engine: VLLMEngine,
+    engine: Engine,
     envs: EnvClient,
     tokenizer,
     cfg: RolloutConfig,

@@ -1,110 +1,38 @@
-"""The only module that imports vLLM: a thin wrapper around one `vllm.LLM` engine.
+"""The rollout engine seam: one small interface, one file per backend, chosen by `rollout.backend`.
 
-Tokens in, tokens out: prompts go in as token ids and come back as sampled token ids with the logprob of each
-sampled token, so the learner trains on exactly what was sampled. Weights are updated in place through vLLM's
-`reload_weights` with Hugging Face parameter names: the path that works on CPU as well as GPU (calling the model's
-`load_weights` directly fails on CPU, whose kernels repack the weights after loading).
+Tokens in, tokens out: prompts go in as token ids and come back as sampled token ids with the log-probability of
+each sampled token under the unmodified distribution (the raw logits' log-softmax, before temperature and top-p: what
+vLLM reports by default and what the learner's importance ratio compares against at temperature 1).
 
-vLLM's engine settings are process-wide environment variables, read at `import vllm`: `vllm_env` gives them, and the
-rollout pool starts each worker's process with them. A CPU engine's KV cache is sized to the run (`kv_cache_bytes`):
-vLLM CPU allocates and touches the whole cache at start-up, so every byte of it is resident for the whole run.
+The worker, the agent loop and `sync/` (through the worker's load functions) speak only to `Engine`:
+- `generate`: batched, seeded per request (a request's tokens depend on its own seed, not on its batch), stop token
+  ids (the end-of-turn token; the tool-call close tag where a caller wants one), a budget per request;
+- `load_weights`: in-place, Hugging Face parameter names, full or any part, as a stream (bucketed transports hand
+  one bucket at a time); `set_adapter` (only where `native_lora`): a PEFT folder served from now on;
+- `sleep` / `wake`: give the device memory to a learner rank that shares it, and take it back;
+- `kv_cache_tokens`: the context the engine holds at once.
 
-Two modes, decided by `engine_modes.engine_modes` and fixed at construction:
-- sleep (a GPU shared with a learner rank): `sleep()` after a rollout (level 1: weights to CPU memory, KV cache
-  freed); every method that needs the engine wakes it first, so a caller never meets a sleeping engine. Only built
-  with `enable_sleep_mode=True`, which vLLM refuses off CUDA/ROCm/XPU: on CPU it is never turned on.
-- native LoRA (`lora_rank` > 0): built with `enable_lora`; `set_adapter(folder)` registers a PEFT folder as a new
-  `LoRARequest` (a new id each time, the previous one removed) that every later generation uses.
+Backends:
+- `vllm` (`rollout/vllm_engine.py`): the default and the production path, CPU and CUDA. Everything vLLM-specific
+  lives there: process environment variables, KV sizing, engine-argument checks, sleep mode, native LoRA.
+- `torch` (`rollout/torch_engine.py`): `transformers`' own generation and cache on any device torch runs on (CPU,
+  CUDA, ROCm, MPS); the fallback where vLLM does not run and the reference for the learner-vs-engine log-prob gap.
+Adding a backend is one file with a `from_config` and the methods below, plus one line in `BACKENDS`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from agentrl_ray.allocator import allocator_env, release_freed_memory
+if TYPE_CHECKING:
+    from agentrl_ray.config import ModelConfig, RolloutConfig
+    from agentrl_ray.rollout.engine_modes import EngineModes
 
-
-def vllm_env(*, use_gpu: bool) -> dict[str, str]:
-    """Environment variables of an engine's process, to be set when it starts (`runtime_env`)."""
-    # Keep the engine core in this process so collective_rpc runs in-process (weight reload without IPC).
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    if not use_gpu:
-        # Threads are shared with the learner and env actors on small machines: do not pin cores (unless the user
-        # exported a binding).
-        env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        # Each decode step's logits stay mapped for the next step instead of being page-faulted again (allocator.py).
-        env.update(allocator_env(one_arena=True))
-    return env
-
-
-KV_CACHE_MIN_BYTES = 16 * 2**20
-# vLLM's prefix cache shares only whole KV blocks, and copies of a group's prompt scheduled together share exactly
-# those: at vLLM CPU's default block of 128 tokens a 60-token prompt shares nothing and is prefilled once per copy.
-# 32 is the smallest block its attention kernel takes (multiples of 32); at the 0.5B shape it halved the prefill of
-# 8 prompts x 8 copies (14.3 -> 7.6 s) at the same decode speed (docs/benchmarks.md). rollout.engine_kwargs wins.
-CPU_BLOCK_SIZE = 32
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def kv_bytes_per_token(model_path: str, dtype: str) -> int:
-    """Bytes of K and V one token of context holds across all layers of the model in `model_path` at `dtype`."""
-    from transformers import AutoConfig
-
-    text = AutoConfig.from_pretrained(model_path).get_text_config()
-    heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    return 2 * text.num_hidden_layers * kv_heads * head_dim * _DTYPE_BYTES[dtype]
-
-
-def kv_cache_bytes(model_path: str, *, dtype: str, gib: float, sequences: int, tokens: int) -> int:
-    """The KV-cache size of a CPU engine: `gib` when set (> 0), else room for `sequences` sequences of `tokens`
-    tokens each at once (the most one rollout call runs together at the run's whole token budget), in whole MiB and at
-    least 16 MiB. vLLM CPU's default, most of RAM, would leave nothing to a second engine or the learner; a cache that
-    proves short only makes vLLM queue sequences, never fail."""
-    if gib > 0:
-        return int(gib * 2**30)
-    need = sequences * tokens * kv_bytes_per_token(model_path, dtype)
-    return max(KV_CACHE_MIN_BYTES, -(-need // 2**20) * 2**20)
-
-
-def check_engine_kwargs(extra: dict[str, Any], wrapped: dict[str, Any]) -> None:
-    """`rollout.engine_kwargs` must name vLLM engine arguments (fields of vLLM's EngineArgs) that our own keys do
-    not already set: a typo fails here with the close matches instead of deep inside vLLM."""
-    import dataclasses
-    import difflib
-
-    from vllm.engine.arg_utils import EngineArgs
-
-    known = {f.name for f in dataclasses.fields(EngineArgs)}
-    for key in extra:
-        if key in wrapped:
-            raise ValueError(
-                f"rollout.engine_kwargs.{key}: set through the config already (rollout.* / model.*); "
-                "use that key, not engine_kwargs"
-            )
-        if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=3)
-            raise ValueError(
-                f"rollout.engine_kwargs.{key} is not a vLLM engine argument"
-                + (f" (did you mean {', '.join(close)}?)" if close else "")
-            )
-
-
-def _check_sleep_mode() -> None:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_sleep_mode_available():
-        raise ValueError(
-            f"rollout.sleep_mode: this vLLM runs on {current_platform.device_type!r}, which has no sleep mode (CUDA, "
-            "ROCm and XPU do): set rollout.sleep_mode=never"
-        )
+BACKENDS = ("vllm", "torch")
 
 
 @dataclass
@@ -114,109 +42,8 @@ class Generation:
     finish_reason: str  # "stop" (hit a stop token) or "length"
 
 
-def _reload(worker, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    worker.model_runner.reload_weights(weights_iterator=iter(named_tensors))
-
-
-def _drop_rotary_reload_warning(record: logging.LogRecord) -> bool:
-    # Every in-place reload warns "RotaryEmbedding: Failed to load weights": its cos/sin cache is a buffer that no
-    # checkpoint carries and vLLM keeps as it was. Other layers' warnings (a real missing tensor) still show.
-    return not (record.args and record.args[0] == "RotaryEmbedding")
-
-
-class VLLMEngine:
-    def __init__(
-        self,
-        model_path: str,
-        *,
-        dtype: str,
-        seed: int,
-        max_model_len: int,
-        max_num_seqs: int,
-        enforce_eager: bool,
-        gpu_memory_utilization: float,
-        use_gpu: bool,
-        tensor_parallel_size: int = 1,
-        enable_prefix_caching: bool = True,
-        engine_kwargs: dict[str, Any] | None = None,
-        sleep: bool = False,
-        lora_rank: int = 0,
-        kv_cache_bytes: int = 2**30,
-    ) -> None:
-        """`kv_cache_bytes`: the KV cache of a CPU engine (the run's size comes from `kv_cache_bytes()`); on a GPU,
-        `gpu_memory_utilization` sizes it."""
-        from vllm import LLM
-
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_drop_rotary_reload_warning)
-
-        # vLLM CPU cannot rewind a request's seeded sampler after a partial (chunked) prefill ("CPU Generator does
-        # not use offset"), and we seed every request: on CPU every prompt is prefilled whole.
-        no_chunking = (
-            {} if use_gpu else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(8192, max_model_len)}
-        )
-        kv = {} if use_gpu else {"kv_cache_memory_bytes": kv_cache_bytes}
-        defaults = {} if use_gpu else {"block_size": CPU_BLOCK_SIZE}  # overridable, unlike `wrapped`
-
-        # Tensor parallelism inside this actor: its placement bundle holds all tensor_parallel_size GPUs of one
-        # node (placement.py), so vLLM starts its extra ranks as local processes, not as Ray actors of its own.
-        parallel = {"tensor_parallel_size": tensor_parallel_size}
-        if tensor_parallel_size > 1:
-            parallel["distributed_executor_backend"] = "mp"
-        wrapped = dict(
-            model=model_path,
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            enforce_eager=enforce_eager,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_prefix_caching=enable_prefix_caching,
-            **parallel,
-            **no_chunking,
-            **kv,
-        )
-        if sleep:
-            _check_sleep_mode()
-            wrapped["enable_sleep_mode"] = True
-        if lora_rank:
-            # One adapter at a time: the policy's current version.
-            wrapped.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
-        extra = dict(engine_kwargs or {})
-        check_engine_kwargs(extra, wrapped)
-        self.llm = LLM(**wrapped, **{**defaults, **extra})
-        self.can_sleep = sleep
-        self.asleep = False
-        self.lora = None  # the LoRARequest of the current adapter (native LoRA)
-
-    # ---------------------------------------------------------------- sleep mode
-
-    def sleep(self) -> None:
-        """Hand the GPU memory to whoever shares it (level 1: weights kept in CPU memory); a no-op without sleep
-        mode or when already asleep. No request may be running (the rollout worker calls it between rollouts)."""
-        if self.can_sleep and not self.asleep:
-            self.llm.sleep(level=1)
-            self.asleep = True
-
-    def wake(self) -> None:
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
-
-    # ---------------------------------------------------------------- native LoRA
-
-    def set_adapter(self, folder: str) -> None:
-        """Use the PEFT adapter in `folder` from now on: loaded now (a bad adapter fails here, not mid-rollout),
-        under a new id, so vLLM never serves a cached older version; the previous one is dropped."""
-        from vllm.lora.request import LoRARequest
-
-        previous = self.lora
-        new_id = previous.lora_int_id + 1 if previous else 1
-        request = LoRARequest(f"policy-{new_id}", new_id, folder)
-        self.wake()
-        self.llm.llm_engine.add_lora(request)
-        self.lora = request
-        if previous is not None:
-            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+class Engine(Protocol):
+    native_lora: bool  # True: weight sync hands LoRA adapters to `set_adapter`; False: merged into full weights
 
     def generate(
         self,
@@ -228,41 +55,49 @@ class VLLMEngine:
         stop_token_ids: list[int],
         seeds: list[int] | None = None,
         ignore_eos: bool = False,
-    ) -> list[Generation]:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+    ) -> list[Generation]: ...
 
-        params = [
-            SamplingParams(
-                max_tokens=m,
-                temperature=temperature,
-                top_p=top_p,
-                logprobs=0,  # logprob of the sampled token only
-                stop_token_ids=stop_token_ids,
-                seed=None if seeds is None else seeds[i],
-                detokenize=False,
-                ignore_eos=ignore_eos,
-            )
-            for i, m in enumerate(max_tokens)
-        ]
-        self.wake()
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False, lora_request=self.lora
-        )
-        results = []
-        for out in outputs:
-            comp = out.outputs[0]
-            ids = list(comp.token_ids)
-            # One {token_id: Logprob} dict per sampled token; the sampled token is always present.
-            lps = [float(d[t].logprob) for t, d in zip(ids, comp.logprobs)]
-            results.append(Generation(ids, lps, "length" if comp.finish_reason == "length" else "stop"))
-        return results
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        # In-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): the iterable reaches the loader as it is, so a stream of
-        # tensors (the collective sync's buckets) is consumed as it arrives, never held whole.
-        self.wake()  # level 1 keeps the old weights in CPU memory: they come back to the GPU, then get replaced
-        self.llm.collective_rpc(_reload, args=(named_tensors,))
-        # Cached KV blocks were computed by the old weights.
-        self.llm.reset_prefix_cache()
-        release_freed_memory()  # the reload's layer-sized temporaries (allocator.py)
+    def set_adapter(self, folder: str) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+    def kv_cache_tokens(self) -> int: ...
+
+
+def engine_class(backend: str):
+    """The class of `rollout.backend`; imported on use, so a run on one backend never imports the other's library."""
+    if backend == "vllm":
+        from agentrl_ray.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine
+    if backend == "torch":
+        from agentrl_ray.rollout.torch_engine import TorchEngine
+
+        return TorchEngine
+    raise ValueError(f"rollout.backend={backend!r}: choose one of {', '.join(BACKENDS)}")
+
+
+def make_engine(
+    backend: str,
+    model_path: str,
+    model_cfg: ModelConfig,
+    cfg: RolloutConfig,
+    *,
+    seed: int,
+    use_gpu: bool,
+    modes: EngineModes,
+    kv_sequences: int,
+) -> Engine:
+    """The engine of one rollout worker. `kv_sequences`: the most sequences one rollout call runs at once."""
+    return engine_class(backend).from_config(
+        model_path, model_cfg, cfg, seed=seed, use_gpu=use_gpu, modes=modes, kv_sequences=kv_sequences
+    )
+
+
+def engine_process_env(backend: str, *, use_gpu: bool) -> dict[str, str]:
+    """Environment variables of an engine's process, set when it starts (Ray's `runtime_env`)."""
+    return engine_class(backend).process_env(use_gpu=use_gpu)

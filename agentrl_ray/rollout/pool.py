@@ -15,9 +15,9 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from agentrl_ray.config import Config
-from agentrl_ray.deadlines import Deadlines
-from agentrl_ray.engine_modes import engine_modes
-from agentrl_ray.rollout.engine import vllm_env
+from agentrl_ray.rollout.deadlines import Deadlines
+from agentrl_ray.rollout.engine import engine_process_env
+from agentrl_ray.rollout.engine_modes import engine_modes
 from agentrl_ray.rollout.recovery import ActorFailed, Recovery, RestartableEnvHost
 from agentrl_ray.rollout.worker import RolloutWorker
 from agentrl_ray.sync.collective import collective_backend
@@ -74,7 +74,7 @@ class RolloutPool:
             .remote(tool_timeout_s=cfg.env.tool_timeout_s, isolation=cfg.env.isolation)
             for o in env_opts
         ]
-        runtime_env = {"env_vars": vllm_env(use_gpu=threads.engines_on_gpu)}
+        runtime_env = {"env_vars": engine_process_env(r.backend, use_gpu=threads.engines_on_gpu)}
         workers = [
             ray.remote(RolloutWorker)
             .options(runtime_env=runtime_env, max_restarts=engine_restarts, max_task_retries=0, **o)

@@ -25,8 +25,8 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
-from agentrl_ray.deadlines import Deadlines
 from agentrl_ray.envs.host import EnvHost
+from agentrl_ray.rollout.deadlines import Deadlines
 from agentrl_ray.types import RunStopped
 
 log = logging.getLogger("agentrl_ray")

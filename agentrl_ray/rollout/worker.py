@@ -1,4 +1,4 @@
-"""RolloutWorker: a thin Ray actor owning one vLLM engine.
+"""RolloutWorker: a thin Ray actor owning one rollout engine (`rollout.backend`: vLLM or torch, `rollout/engine.py`).
 
 It samples groups of trajectories with the multi-turn loop (tool calls, or user turns for a turn-based environment;
 environments live in separate env actors) and scores them with the reward functions. New weights after every
@@ -18,15 +18,14 @@ import torch
 from agentrl_ray.allocator import release_freed_memory
 from agentrl_ray.chat_format import prompt_messages
 from agentrl_ray.config import EnvConfig, ModelConfig, RewardConfig, RolloutConfig
-from agentrl_ray.engine_modes import EngineModes
 from agentrl_ray.envs.base import env_class as make_env_class
 from agentrl_ray.envs.base import tool_schemas
 from agentrl_ray.envs.client import EnvClient
-from agentrl_ray.hardware import emulated_bf16_warning, this_cpu
 from agentrl_ray.rewards import load_reward_functions, score
 from agentrl_ray.rewards.scoring import RewardState
 from agentrl_ray.rollout.agent_loop import Episode, run_episodes
-from agentrl_ray.rollout.engine import VLLMEngine, kv_cache_bytes
+from agentrl_ray.rollout.engine import make_engine
+from agentrl_ray.rollout.engine_modes import EngineModes
 from agentrl_ray.sync.collective import CollectiveBackend
 from agentrl_ray.sync.receiver import WeightReceiver
 from agentrl_ray.threads import ThreadPolicy
@@ -70,34 +69,17 @@ class RolloutWorker:
         # Decided once from the class: a turn-based environment (it defines step) talks in user turns, not tools.
         self.turn_based = callable(getattr(env_class, "step", None))
         self.reward_funcs = load_reward_functions(reward_cfg.functions)
-        if model_cfg.dtype == "bfloat16" and not threads.engines_on_gpu:
-            warning = emulated_bf16_warning(this_cpu(), "model.dtype=bfloat16 for a CPU engine")
-            if warning:
-                log.warning("%s", warning)
-        kv_bytes = kv_cache_bytes(
+        self.engine = make_engine(
+            cfg.backend,
             model_path,
-            dtype=model_cfg.dtype,
-            gib=cfg.kv_cache_gib,
-            sequences=kv_sequences or cfg.max_num_seqs,
-            tokens=cfg.max_total_tokens,
-        )
-        self.engine = VLLMEngine(
-            model_path,
-            dtype=model_cfg.dtype,
+            model_cfg,
+            cfg,
             seed=seed + index,
-            max_model_len=cfg.max_total_tokens,
-            max_num_seqs=cfg.max_num_seqs,
-            enforce_eager=cfg.enforce_eager,
-            gpu_memory_utilization=cfg.gpu_memory_utilization or 0.5,  # 0: the driver's plan sets it on GPU
             use_gpu=threads.engines_on_gpu,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-            engine_kwargs=cfg.engine_kwargs,
-            sleep=modes.sleep,
-            lora_rank=modes.lora_rank,
-            kv_cache_bytes=kv_bytes,
+            modes=modes,
+            kv_sequences=kv_sequences or cfg.max_num_seqs,
         )
-        adapter = self.engine.set_adapter if modes.lora_rank else None  # native LoRA, else merged full weights
+        adapter = self.engine.set_adapter if self.engine.native_lora else None  # native LoRA, else merged full weights
         self.weights = WeightReceiver(model_path, self.engine.load_weights, collective, load_adapter=adapter)
         # One rollout call at a time. The pool never sends two, but a learner restarted by Ray Train may send its
         # first while the dead learner's last call still runs here: it waits for it (same environment keys).
@@ -269,9 +251,8 @@ class RolloutWorker:
         return os.getpid()
 
     def kv_cache_tokens(self) -> int:
-        """Tokens of context the engine's KV cache holds, as vLLM allocated it (its blocks x block size)."""
-        cache = self.engine.llm.llm_engine.vllm_config.cache_config
-        return cache.num_gpu_blocks * cache.block_size
+        """Tokens of context the engine's KV cache holds, as its backend allocated it."""
+        return self.engine.kv_cache_tokens()
 
     async def receive_weights(self, update: WeightUpdate) -> int:
         return await self.weights.receive(update)

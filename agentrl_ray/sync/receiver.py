@@ -1,9 +1,12 @@
 """The engine side of weight sync: what a rollout worker does with a `types.WeightUpdate` from `sync.sender`.
 
-The receiver turns an update into Hugging Face named tensors and hands them to the engine's in-place reload (`load`,
-which the rollout worker supplies: vLLM's `reload_weights`, then a prefix-cache reset):
+The receiver turns an update into Hugging Face named tensors and hands them to the engine's in-place load (`load`,
+which the rollout worker supplies from its engine, `rollout/engine.py`: vLLM's `reload_weights` then a prefix-cache
+reset, or the torch backend's copy into its tensors):
 - full weights from the object store: zero-copy views of the packed buffer;
 - full weights from the collective group: tensors streamed bucket by bucket into the reload;
+- full weights (or an adapter) by CUDA IPC from learner rank 0 on the same GPU: each bucket opened in place as the
+  reload reaches it (`sync/ipc.py`);
 - a LoRA adapter: merged into the base weights read from the model folder (W = W0 + scaling * B @ A), every tensor
   of the model, because vLLM's in-place reload does not keep the previous values of tensors left out of a reload.
   Only the adapter travels, and the engine keeps no copy of the base: the folder is read again one tensor at a time
@@ -27,6 +30,7 @@ import torch
 from safetensors.torch import save_file
 
 from agentrl_ray.sync.collective import CollectiveBackend, CollectiveGroup
+from agentrl_ray.sync.ipc import received_tensors
 from agentrl_ray.sync.packing import load_safetensors_folder, safetensors_names, stream_safetensors, unpack
 from agentrl_ray.types import WeightUpdate
 
@@ -66,13 +70,19 @@ class WeightReceiver:
                 for _ in stream:  # the broadcasts must all happen, whatever the loader took
                     pass
         else:
-            named = unpack(update.tensors, await update.payload)
+            if update.transport == "ipc":  # buffers on the learner's GPU, opened here in place
+                named = received_tensors(update)
+            else:
+                named = unpack(update.tensors, await update.payload)
             if update.kind == "full":
                 self.load(named)
-            elif self.load_adapter is not None:
-                self._load_native(dict(named), update.lora_scaling, update.version)
             else:
-                self.load(merged_stream(self.model_path, dict(named), update.lora_scaling))
+                # The adapter is small, and merging reads the base from the model folder on the CPU.
+                adapter = {name: tensor.cpu() for name, tensor in named}
+                if self.load_adapter is not None:
+                    self._load_native(adapter, update.lora_scaling, update.version)
+                else:
+                    self.load(merged_stream(self.model_path, adapter, update.lora_scaling))
         self.version = update.version
         return update.version
 

@@ -6,7 +6,8 @@ the version of the weights that sampled it. Each push makes one `types.WeightUpd
 - ObjectStoreSender: one `ray.put` of the packed tensors; the update waits in `pending` and travels with the next
   rollout call (`take_pending`), so the learner never waits for a load (default on CPU);
 - CollectiveSender: a gloo (CPU) / NCCL (GPU) broadcast group between rank 0 and the workers, in bounded buckets;
-- adapter-only for LoRA (ObjectStoreSender with `lora_scaling`): only the A/B tensors travel, the engines merge.
+- IpcSender: CUDA IPC handles of buckets on the GPU that learner rank 0 shares with the engines (`sync/ipc.py`);
+- adapter-only for LoRA (ObjectStoreSender or IpcSender with `lora_scaling`): only the A/B tensors travel.
 
 The workers are duck-typed Ray actor handles with `receive_weights(update)` and `join_weight_group(...)` (this
 package never imports `rollout`).
@@ -21,6 +22,7 @@ import torch
 
 from agentrl_ray.config import Config
 from agentrl_ray.sync.collective import CollectiveBackend, CollectiveGroup, collective_backend, free_port, plan_buckets
+from agentrl_ray.sync.ipc import ipc_update
 from agentrl_ray.sync.packing import dtype_name, pack
 from agentrl_ray.types import TensorMeta, WeightUpdate
 
@@ -81,7 +83,9 @@ class CollectiveSender:
     def push(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
         """Broadcast the weights; returns when every engine has loaded them."""
         meta = [TensorMeta(n, dtype_name(t.dtype), tuple(t.shape)) for n, t in named]
-        update = WeightUpdate(version, "full", meta, buckets=plan_buckets(meta, self.bucket_bytes))
+        update = WeightUpdate(
+            version, "full", meta, buckets=plan_buckets(meta, self.bucket_bytes), transport="collective"
+        )
         loaded = [w.receive_weights.remote(update) for w in self.workers]
         self.group.send(named, update)
         ray.get(loaded, timeout=DEADLINE_S)
@@ -93,10 +97,39 @@ class CollectiveSender:
         pass
 
 
-WeightSender = ObjectStoreSender | CollectiveSender
+class IpcSender:
+    """CUDA IPC handles of buckets on rank 0's GPU, opened in place by the engines sharing it (`sync/ipc.py`).
+    `time/sync_s` holds the pack and every engine's load (the learner waits: its buffers must outlive the loads)."""
+
+    def __init__(self, bucket_bytes: int, lora_scaling: float | None = None, engine_dtype: torch.dtype | None = None):
+        self.bucket_bytes = bucket_bytes
+        self.lora_scaling = lora_scaling
+        self.engine_dtype = engine_dtype
+        self.workers: list[Any] = []
+
+    def setup(self, workers: list[Any]) -> None:
+        self.workers = list(workers)
+
+    def push(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Share the weights and return when every engine has loaded them; then the buffers are freed."""
+        dtype = self.engine_dtype if self.lora_scaling is None else None  # adapters stay float32 for the merge
+        update, buffers = ipc_update(named, version, self.bucket_bytes, dtype=dtype, lora_scaling=self.lora_scaling)
+        ray.get([w.receive_weights.remote(update) for w in self.workers], timeout=DEADLINE_S)
+        del update, buffers
+
+    def take_pending(self) -> None:
+        return None  # every push is loaded before it returns
+
+    def flush(self) -> None:
+        pass
+
+
+WeightSender = ObjectStoreSender | CollectiveSender | IpcSender
 
 
 def make_sender(cfg: Config, lora_scaling: float | None) -> WeightSender:
     if cfg.sync.transport == "collective":
         return CollectiveSender(collective_backend(cfg), cfg.sync.bucket_mb * 2**20)
+    if cfg.sync.transport == "ipc":
+        return IpcSender(cfg.sync.bucket_mb * 2**20, lora_scaling, getattr(torch, cfg.model.dtype))
     return ObjectStoreSender(lora_scaling, getattr(torch, cfg.model.dtype))

@@ -8,7 +8,7 @@ shares nothing and each of the G copies prefills it again. Our CPU engine uses 3
 import pytest
 import ray
 
-from agentrl_ray.rollout.engine import CPU_BLOCK_SIZE, vllm_env
+from agentrl_ray.rollout.vllm_engine import CPU_BLOCK_SIZE, vllm_env
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ def _prefill(model_path: str, prompt: list[int], copies: int, engine_kwargs: dic
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from agentrl_ray.rollout.engine import VLLMEngine
+    from agentrl_ray.rollout.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(
         model_path,

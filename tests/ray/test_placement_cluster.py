@@ -49,7 +49,9 @@ def test_one_gpu_places_the_profile(one_gpu_cluster, profile, tmp_path):
     assert [s.node_id for s in plan.engines + plan.env_hosts + plan.learners] == [one_gpu_cluster] * 3
     assert plan.engines[0].resources["GPU"] + plan.learners[0].resources["GPU"] == 1.0
     apply_plan(cfg, plan)
-    assert cfg.sync.transport == "object_store"  # NCCL cannot pair two ranks on one GPU
+    # NCCL cannot pair two ranks on one GPU: the gpu profile's collective sync becomes a CUDA IPC handoff; the lora
+    # profile's adapter keeps the object store.
+    assert cfg.sync.transport == {"gpu": "ipc", "lora": "object_store"}[profile]
     assert cfg.rollout.gpu_memory_utilization == 0.35
 
     placed = reserve(plan, timeout_s=30)

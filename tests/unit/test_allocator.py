@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from agentrl_ray.allocator import USER_SETTINGS, allocator_env, user_allocator_settings
-from agentrl_ray.rollout.engine import vllm_env
+from agentrl_ray.rollout.vllm_engine import vllm_env
 
 # 24 x a 39 MB float32 tensor (64 x 151,936 logits), in a thread other than the main one, as in a Ray actor, after
 # memory was released as at the end of a phase.

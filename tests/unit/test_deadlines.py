@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentrl_ray.config import ConfigError, load_config
-from agentrl_ray.deadlines import Deadlines
+from agentrl_ray.rollout.deadlines import Deadlines
 
 
 def test_a_rollout_deadline_bounds_every_turn_of_generation_and_tools():

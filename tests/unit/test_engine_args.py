@@ -4,7 +4,7 @@ sets fails with a clear message before the engine starts (checked against vLLM's
 import pytest
 
 from agentrl_ray.config import load_config
-from agentrl_ray.rollout.engine import check_engine_kwargs
+from agentrl_ray.rollout.vllm_engine import check_engine_kwargs
 
 
 def test_unwrapped_engine_arguments_pass():

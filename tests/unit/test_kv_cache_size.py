@@ -5,8 +5,8 @@ import pytest
 from transformers import LlamaConfig, Qwen2Config
 
 from agentrl_ray.config import ConfigError, load_config
-from agentrl_ray.rollout.engine import kv_bytes_per_token, kv_cache_bytes
 from agentrl_ray.rollout.pool import sequences_per_engine
+from agentrl_ray.rollout.vllm_engine import kv_bytes_per_token, kv_cache_bytes
 
 MiB = 2**20
 

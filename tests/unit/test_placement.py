@@ -186,3 +186,19 @@ def test_bad_node_spec_is_a_clear_error():
         nodes_from_spec("4x8")
     with pytest.raises(Exception, match="unknown keys"):
         nodes_from_spec('[{"gpus": 8}]')
+
+
+def test_sync_transport_follows_the_plan():
+    """Colocated on one GPU: the gpu profile's NCCL sync becomes a CUDA IPC handoff (NCCL refuses two ranks on one
+    GPU); colocated on more GPUs, the object store; ipc asked for where engines sit on other GPUs fails at once."""
+    from agentrl_ray.cluster import apply_plan
+
+    cfg = _cfg("profile=gpu")
+    apply_plan(cfg, make_plan(nodes_from_spec('[{"CPU": 8, "GPU": 1}]'), cfg))
+    assert cfg.sync.transport == "ipc"
+    cfg = _cfg("profile=gpu", "placement.mode=colocated")
+    apply_plan(cfg, make_plan(nodes_from_spec('[{"CPU": 16, "GPU": 2}]'), cfg))
+    assert cfg.sync.transport == "object_store"
+    cfg = _cfg("profile=gpu", "placement.mode=colocated", "sync.transport=ipc")
+    with pytest.raises(PlacementError, match="every engine must share it: this plan \\(colocated\\) has 2 engine"):
+        apply_plan(cfg, make_plan(nodes_from_spec('[{"CPU": 16, "GPU": 2}]'), cfg))

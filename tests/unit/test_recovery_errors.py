@@ -28,7 +28,7 @@ def test_each_role_keeps_its_own_restart_bound():
     """Under the collective transport rollout workers are created with max_restarts=0 (the weight group cannot take
     a new member) while env hosts keep recovery.max_actor_restarts: a restarted env host must not end the run."""
     from agentrl_ray.config import load_config
-    from agentrl_ray.deadlines import Deadlines
+    from agentrl_ray.rollout.deadlines import Deadlines
     from agentrl_ray.rollout.recovery import Recovery
 
     deadlines = Deadlines.of(load_config(None, ["profile=cpu"]))

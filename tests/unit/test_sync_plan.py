@@ -75,10 +75,15 @@ def test_weight_update_validates():
     with pytest.raises(ValueError, match="lora_scaling"):
         WeightUpdate(1, "lora", meta, payload=object())
     with pytest.raises(ValueError, match="buckets hold 2"):
-        WeightUpdate(1, "full", meta, buckets=[2])
+        WeightUpdate(1, "full", meta, buckets=[2], transport="collective")
     with pytest.raises(ValueError, match="payload"):
         WeightUpdate(1, "full", meta)
-    assert WeightUpdate(1, "full", meta, buckets=[1]).collective
+    with pytest.raises(ValueError, match="transport 'nccl'"):
+        WeightUpdate(1, "full", meta, payload=object(), transport="nccl")
+    with pytest.raises(ValueError, match="one handle per bucket: 0 for 1"):
+        WeightUpdate(1, "full", meta, buckets=[1], transport="ipc")
+    assert WeightUpdate(1, "full", meta, buckets=[1], transport="collective").collective
+    assert not WeightUpdate(1, "full", meta, payload=object()).collective
 
 
 def test_object_store_receiver_merges_lora_into_its_base(tmp_path):
@@ -199,7 +204,7 @@ def test_collective_streams_bucket_by_bucket():
         ("d", torch.randn(40, generator=g)),
     ]
     meta = [TensorMeta(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in named]
-    update = WeightUpdate(3, "full", meta, buckets=plan_buckets(meta, max_bytes=120))
+    update = WeightUpdate(3, "full", meta, buckets=plan_buckets(meta, max_bytes=120), transport="collective")
     assert update.buckets == [2, 1, 1]  # a + b = 108 bytes; c another dtype; d 160 bytes alone
     backend, port = CollectiveBackend("gloo", "cpu"), free_port()
     received, broadcasts_seen = {}, []

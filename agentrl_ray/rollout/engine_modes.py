@@ -1,16 +1,18 @@
 """Two engine settings that follow from the config and the placement mode, decided in one pure function.
 
-- sleep: the engine sleeps (vLLM sleep mode, level 1: weights copied to CPU memory, KV cache freed) from the end
+- sleep: the engine sleeps (vLLM sleep mode, level 1: weights copied to CPU memory, KV cache freed; the torch
+  backend: weights to CPU memory, its cache is per call anyway) from the end
   of each rollout until the next one, so a learner rank that shares its GPU gets that memory for its step. It wakes
   before anything else touches it: the next rollout (whose pending weights it then loads), a weight push, a greedy
   check. Worth it only when they share a GPU (`placement.mode=colocated`) and take turns: with
   `sync.max_staleness=1` the rollout of step t+1 runs while step t trains, so there is no idle engine to put to
-  sleep. vLLM offers sleep mode on CUDA (and ROCm/XPU) only: on CPU `rollout.sleep_mode=always` is refused.
+  sleep. Both backends sleep on accelerators only: on CPU `rollout.sleep_mode=always` is refused.
 - lora_rank: > 0 builds the engine with vLLM's own LoRA support (`enable_lora`, `max_lora_rank` the smallest rank
   vLLM accepts that holds `learner.lora.r`); each sync then hands the engine the adapter, which it applies as a new
   `LoRARequest` (a new id per version), instead of merging the adapter into the base weights (read again from the
   model folder at each update) on CPU. On by default on GPU engines; vLLM CPU supports it too
-  (`rollout.lora_mode=native`), the CPU default stays the merge.
+  (`rollout.lora_mode=native`), the CPU default stays the merge. The torch backend always merges (its engine holds
+  plain `transformers` weights): `rollout.lora_mode=native` with it is refused by the config.
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentrl_ray.config import Config
-
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's LoRAConfig.max_lora_rank choices
+from agentrl_ray.rollout.vllm_engine import vllm_lora_rank
 
 
 @dataclass(frozen=True)
@@ -39,13 +40,5 @@ def engine_modes(cfg: Config, placement_mode: str | None) -> EngineModes:
     else:
         sleep = r.sleep_mode == "always"
     lora = cfg.learner.lora
-    native = r.lora_mode == "native" or (r.lora_mode == "auto" and lora.enabled and r.use_gpu)
+    native = r.backend == "vllm" and (r.lora_mode == "native" or (r.lora_mode == "auto" and lora.enabled and r.use_gpu))
     return EngineModes(sleep=sleep, lora_rank=vllm_lora_rank(lora.r) if native and lora.enabled else 0)
-
-
-def vllm_lora_rank(r: int) -> int:
-    """The smallest max_lora_rank vLLM accepts that holds rank `r`."""
-    for rank in VLLM_LORA_RANKS:
-        if rank >= r:
-            return rank
-    raise ValueError(f"learner.lora.r={r} is above the largest LoRA rank vLLM supports ({VLLM_LORA_RANKS[-1]})")
