@@ -26,8 +26,8 @@ alone after such a release: 3-5 page faults per generated token on one arena, 13
 arenas (hence one arena for the engine).
 
 glibc reads these variables once, when the process starts, so they go in the runtime environment of the actors that
-run the model (`rollout.vllm_engine.vllm_env`, the learner workers' `worker_runtime_env`), not in os.environ of a running
-process.
+run the model (the engine backend's `process_env`, the learner workers' `worker_runtime_env`), not in os.environ of a
+running process.
 
 A user who chose their own allocator settings keeps them: nothing is set when LD_PRELOAD (tcmalloc, jemalloc), a
 MALLOC_*_ variable or a glibc.malloc tunable is in the driver's environment, or AGENTRL_KEEP_FREED_MEMORY=0 (glibc's
