@@ -1,4 +1,4 @@
-"""Prefill and decode of our rollout engine (vLLM CPU through `rollout.vllm_engine.VLLMEngine`), timed apart, at a shape.
+"""Prefill and decode of our rollout engine (vLLM CPU, `rollout.vllm_engine.VLLMEngine`), timed apart, at a shape.
 
     export AGENTRL_CACHE=$PWD/.cache/agentrl_ray
     python benchmarks/generation_phases.py --model qwen05b --prompts 8 --group 8 --decode 32 \
