@@ -384,6 +384,10 @@ class RunConfig:
     """Write every N-th step's rollouts to <run_dir>/rollouts/step_<step>.jsonl as OpenAI-style messages (0 = never)."""
     save_rollouts_groups: int = 0
     """At most this many groups per saved step (whole groups, so preference pairs survive); 0 = all."""
+    sync_check: bool = False
+    """After every weight push, compare each engine's greedy tokens with transformers on the weights pushed
+    (metrics sync/greedy_match, sync/logprob_gap): a debugging aid for new hardware or backends; it holds one more
+    copy of the model on learner rank 0's device (learner/sync_check.py)."""
     early_stopping_patience: int = 0
     """Stop after this many evaluations without improvement of run.early_stopping_metric (0 = never stop early)."""
     early_stopping_metric: str = "eval/success"

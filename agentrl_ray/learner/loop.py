@@ -27,6 +27,7 @@ from agentrl_ray.learner.feed import PromptSampler, RolloutFeed
 from agentrl_ray.learner.policy import TRAINER_STATE, Policy
 from agentrl_ray.learner.resume_state import batch_state, batches_from_state, rng_state, set_rng_state
 from agentrl_ray.learner.schedule import lr_at
+from agentrl_ray.learner.sync_check import SyncCheck
 from agentrl_ray.learner.watch import RunWatch
 from agentrl_ray.outputs import eval_text
 from agentrl_ray.sync.sender import make_sender
@@ -251,7 +252,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     state = restore(policy, config.get("resume_from")) or {"step": 0, "samples": 0}
     start, samples = state["step"], state["samples"]
     sampler = PromptSampler(config["train_rows"], cfg.rollout.prompts_per_step, cfg.run.seed)
-    log = feed = sender = watch = None
+    log = feed = sender = watch = check = None
     stop = None
     nonfinite_in_a_row = 0
     if rank == 0:
@@ -260,6 +261,8 @@ def _train_loop(config: dict[str, Any]) -> None:
         pool.ready()  # the engines started while this learner did (driver.train)
         sender.setup(pool.workers)
         feed = RolloutFeed(pool, sender, sampler, cfg)
+        if cfg.run.sync_check:
+            check = SyncCheck(model_path, tokenizer, cfg.model.dtype, policy.lora_scaling)
         log = config["log"]  # outputs.LogClient: records go to the driver's node (storage.py)
         log.truncate_after(start)
         feed.ready.update(batches_from_state(state.get("in_flight", {})))  # overlapped: sampled by version start-1
@@ -296,9 +299,12 @@ def _train_loop(config: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         named = policy.named_tensors_for_sync()
         t_wait, t_sync = 0.0, time.perf_counter() - t0
+        sync_metrics: dict[str, float] = {}
         if rank == 0:
             t_wait, t_push = sync_weights(feed, sender, named, step + 1)
             t_sync += t_push
+            if check is not None:
+                sync_metrics = check(sender, pool, named)
         del named
         # log, evaluate (every rank), checkpoint
         done = step + 1
@@ -307,6 +313,7 @@ def _train_loop(config: dict[str, Any]) -> None:
             samples=samples, **_phase_times(timings, t_rollout + t_wait, t_learn, t_sync, time.perf_counter() - t_step)
         )
         metrics.update(stats)  # e.g. rollout/groups_sampled
+        metrics.update(sync_metrics)
         if (cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == cfg.run.steps:
             metrics.update(evaluate(feed, policy, config["eval_rows"], cfg, seed=-1 - done, pad_id=pad_id))
         if rank == 0:

@@ -142,8 +142,9 @@ def test_torch_and_vllm_agree_on_the_same_weights(torch_pool, builtin_model_path
 
 
 def test_default_run_learns_with_the_torch_backend(local_ray, builtin_model_path, tmp_path):
-    """The README's default run (same config, seed and steps' settings), 20 steps on the torch backend with the IPC
-    transport: held-out success from ~0 to >= 0.85."""
+    """The README's default run (same config and seed), 20 steps on the torch backend with the IPC transport:
+    held-out success from ~0 to >= 0.85, and after every sync the engine's greedy output equals transformers on the
+    weights the learner pushed (`run.sync_check`)."""
     from agentrl_ray.driver import train
 
     overrides = [
@@ -154,10 +155,15 @@ def test_default_run_learns_with_the_torch_backend(local_ray, builtin_model_path
         "run.name=torch",
         "run.checkpoint_every=20",
         "run.plot=false",
+        "run.sync_check=true",
     ]
     train(load_config("examples/calculator/config.yaml", overrides))
     records = [json.loads(line) for line in (tmp_path / "torch" / "metrics.jsonl").read_text().splitlines()]
     evals = {r["step"]: r["eval/success"] for r in records if "eval/success" in r}
     assert evals[0] <= 0.05
     assert evals[20] >= 0.85, evals
-    assert all(r["time/sync_s"] >= 0 for r in records if "time/sync_s" in r)
+    steps = [r for r in records if r["step"] > 0]
+    assert len(steps) == 20
+    assert all(r["sync/greedy_match"] == 1.0 and r["sync/logprob_gap"] < 1e-4 for r in steps), [
+        (r["sync/greedy_match"], r["sync/logprob_gap"]) for r in steps
+    ]
