@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONFIG ?= examples/calculator/config.yaml
 ARGS ?=
 
-.PHONY: install run test test-fast lint gpu-install bench clean
+.PHONY: install run test test-fast lint gpu-install gpu-kit bench clean
 
 install: $(VENV)/.installed
 
@@ -41,6 +41,11 @@ gpu-install:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -e ".[gpu,dev,qlora]"
 	touch $(VENV)/.installed
+
+# The GPU kit (tests/gpu/kit/README.md): what a bare GPU machine without a package registry needs to run the GPU
+# tests, packed into the ignored .gpu/ (at most 64 MiB); there: bash .gpu/run.sh
+gpu-kit: install
+	bash tests/gpu/kit/pack.sh
 
 bench: install
 	$(BIN)/python benchmarks/throughput.py
