@@ -1,4 +1,4 @@
-"""The RL algorithm as pure tensor functions: GRPO-family policy loss + the ECHO world-model loss.
+"""The RL algorithm as pure tensor functions: GRPO-family policy loss + the ECHO loss.
 
 No Ray, vLLM or DeepSpeed here: everything is plain torch and is tested on CPU with hand-computed numbers
 (`tests/unit/test_algorithms.py`) and against TRL's GRPOTrainer (`tests/unit/test_trl_crosscheck.py`).
@@ -315,16 +315,16 @@ def compute_loss(
     norm: LossNorm,
     *,
     old_logprobs: Tensor,
-    world_coeff: float,
+    echo_coeff: float,
     echo: EchoConfig | None = None,
     ref_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """This micro-batch's share of the step loss, and its metrics.
 
     loss = [policy loss + beta * KL] on action tokens (aggregated by `cfg.loss_aggregation`; skipped when
-           `echo.only`) + world_coeff * CE on environment tokens (aggregated by `echo.normalization`).
+           `echo.only`) + echo_coeff * CE on environment tokens (aggregated by `echo.normalization`).
     The CE reuses `logprobs` (one forward). Truncated samples lose their policy and KL terms with `mask_truncated`
-    (DAPO overlong filtering) but stay in the global denominators and keep their world-model term (their tool
+    (DAPO overlong filtering) but stay in the global denominators and keep their ECHO term (their tool
     outputs are real). Metrics are plain floats describing THIS micro-batch alone (means over its tokens, except
     `env_tokens` / `action_tokens`, which are its counts); the learner averages them over micro-batches.
     """
@@ -349,22 +349,22 @@ def compute_loss(
         policy = aggregate(per_token, keep, cfg.loss_aggregation, *_counts(norm, "act"), norm)
     ce = -logprobs  # (B, T): next-token cross-entropy of each environment token
     mode = echo.normalization
-    world = world_coeff * aggregate(ce, env, mode, *_counts(norm, "env", mode), norm) if world_coeff else zero
-    world_local = world_coeff * float(aggregate(ce.detach(), env, mode, *_counts(local, "env", mode), local))
+    echo_loss = echo_coeff * aggregate(ce, env, mode, *_counts(norm, "env", mode), norm) if echo_coeff else zero
+    echo_local = echo_coeff * float(aggregate(ce.detach(), env, mode, *_counts(local, "env", mode), local))
     mismatch = (logprobs.detach() - batch.rollout_logprobs) * act  # (B, T): log pi_learner - log pi_rollout
     metrics.update(
         policy_loss=policy_local,
         kl=kl_local,
-        world_loss=_masked_mean(ce.detach(), env),
-        world_loss_weighted=world_local,
-        world_policy_ratio=abs(world_local) / (abs(policy_local) + 1e-8),
+        echo_ce=_masked_mean(ce.detach(), env),
+        echo_weighted=echo_local,
+        echo_policy_ratio=abs(echo_local) / (abs(policy_local) + 1e-8),
         entropy=_masked_mean(entropy, act) if entropy is not None else 0.0,
         mismatch_abs=_masked_mean(mismatch.abs(), act),
         mismatch_kl=_masked_mean(torch.exp(mismatch) - 1.0 - mismatch, act),
         env_tokens=local.env_tokens,
         action_tokens=local.action_tokens,
     )
-    return policy + world, metrics
+    return policy + echo_loss, metrics
 
 
 def _counts(norm: LossNorm, role: str, mode: str = "") -> tuple[float, float]:

@@ -41,7 +41,7 @@ def one(variant: str, tokens: int, hidden: int, vocab: int, threads: int, repeat
     import torch
 
     from agentrl_ray.algorithms import token_logprobs_and_entropy
-    from agentrl_ray.chunked_logprobs import chunk_tokens_for, hidden_token_logprobs
+    from agentrl_ray.learner.chunked_logprobs import chunk_tokens_for, hidden_token_logprobs
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl_ray.chat_format import ToolCall
-from agentrl_ray.envs.base import coerce_arguments, env_class, tool_methods
-from agentrl_ray.envs.child import describe
-from agentrl_ray.envs.isolation import EnvError, EnvSetupError, Isolation, Level
-from agentrl_ray.envs.sandbox import SandboxLimits
+from agentrl_ray.envs.isolation.child import describe
+from agentrl_ray.envs.isolation.levels import EnvError, EnvSetupError, Isolation, Level
+from agentrl_ray.envs.isolation.sandbox import SandboxLimits
+from agentrl_ray.envs.loading import env_class
+from agentrl_ray.envs.tools import coerce_arguments, tool_methods
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from agentrl_ray.allocator import allocator_env, release_freed_memory
+from agentrl_ray.infra.allocator import allocator_env, release_freed_memory
 
 
 def vllm_env(*, use_gpu: bool) -> dict[str, str]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl_ray.config import ConfigError, load_config
+from agentrl_ray.config import ConfigError
 from agentrl_ray.deadlines import Deadlines
+from agentrl_ray.infra.profiles import load_config
 
 
 def test_a_rollout_deadline_bounds_every_turn_of_generation_and_tools():

@@ -5,8 +5,9 @@ on vLLM CPU, and with sleep mode in tests/gpu)."""
 import pytest
 import torch
 
-from agentrl_ray.config import ConfigError, load_config
+from agentrl_ray.config import ConfigError
 from agentrl_ray.engine_modes import engine_modes, vllm_lora_rank
+from agentrl_ray.infra.profiles import load_config
 
 GPU = ["rollout.use_gpu=true", "learner.use_gpu=true", "learner.backend=deepspeed", "profile=gpu"]
 
@@ -55,7 +56,7 @@ def test_peft_folder_is_the_learners_adapter(builtin_model_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from agentrl_ray.learner.policy import lora_tensors
-    from agentrl_ray.sync.receiver import write_peft_adapter
+    from agentrl_ray.sync.lora import write_peft_adapter
 
     def base():
         return AutoModelForCausalLM.from_pretrained(builtin_model_path, dtype=torch.float32)

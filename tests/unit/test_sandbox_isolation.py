@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_ray.envs import sandbox
-from agentrl_ray.envs.sandbox import SandboxLimits, run_python
+from agentrl_ray.envs.isolation import sandbox
+from agentrl_ray.envs.isolation.sandbox import SandboxLimits, run_python
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -141,7 +141,7 @@ DRIVER = textwrap.dedent(
     """
     import json, os, sys
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from agentrl_ray.envs.sandbox import SandboxLimits, run_python
+    from agentrl_ray.envs.isolation.sandbox import SandboxLimits, run_python
     code = "import os\\nopen('/tmp/left-by-sandbox', 'w').write('x')\\nprint(os.getuid())"
     refused = run_python(code)
     ran = run_python(code, limits=SandboxLimits(require_isolation=False))

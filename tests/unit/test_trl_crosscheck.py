@@ -23,7 +23,7 @@ Mapping of TRL's loss types to our `loss_aggregation` (TRL loss per micro-batch,
 - `beta > 0`: TRL's KL is k3 with the reference logprobs passed in `ref_per_token_logps` → ours `kl_estimator="k3"`.
 Not cross-checked: TRL applies its truncated IS ratio (our `tis_cap`) only on its vLLM path, which needs a vLLM
 generation backend; our TIS is covered by the hand-computed tests in test_algorithms.py. TRL has no ECHO term
-(world_coeff is 0 here).
+(echo_coeff is 0 here).
 """
 
 import pytest
@@ -175,7 +175,7 @@ def our_loss_and_grads(model, data: dict, cfg: AlgorithmConfig):
     logprobs, entropy = token_logprobs_and_entropy(logits, input_ids)
     ref = torch.cat([pad, data["ref_per_token_logps"]], dim=1)
     loss, metrics = compute_loss(
-        logprobs, entropy, batch, cfg, norm, old_logprobs=batch.rollout_logprobs, world_coeff=0.0, ref_logprobs=ref
+        logprobs, entropy, batch, cfg, norm, old_logprobs=batch.rollout_logprobs, echo_coeff=0.0, ref_logprobs=ref
     )
     loss.backward()
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}, metrics
