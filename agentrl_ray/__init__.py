@@ -29,7 +29,6 @@ MOVED = {
     "sft": "traces.sft",
     "builtin_model": "builtin.model",
     "builtin_grid": "builtin.grid",
-    "tasks": "builtin.tasks",
     "eval_stats": "rewards.eval_stats",
     "chunked_logprobs": "learner.chunked_logprobs",
     "health": "learner.health",

@@ -15,7 +15,7 @@
     result.metrics["eval/success"], result.generate(["What is 347 * 29?"]), result.export("gguf")
 
 It builds the same typed `Config` as `agentrl-ray train` (a YAML file, then these arguments, then dotted overrides)
-and runs the same driver. Functions and classes become config strings (`envs.base.object_spec`): their import path
+and runs the same driver. Functions and classes become config strings (`envs.loading.object_spec`): their import path
 when they have one (as a YAML config would name them), else the object itself pickled by value, so a tool defined
 in a notebook or in the script that `ray job submit` runs reaches every Ray worker. Rows given as a list are
 written to the run folder as JSONL, and the config points at that file.

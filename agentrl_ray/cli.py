@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in (("train", "run training end to end"), ("config", "print the resolved config")):
         s = sub.add_parser(name, help=help_text, add_help=name != "config")
-        if name == "config":  # its --help lists every config key (config_help.py)
+        if name == "config":  # its --help lists every config key (config/help.py)
             s.add_argument("-h", "--help", action="store_true", help="list every config key and exit")
         s.add_argument(
             "args",

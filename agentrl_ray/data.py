@@ -11,15 +11,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentrl_ray.builtin.tasks.arithmetic import make_arithmetic_rows
 from agentrl_ray.config import ConfigError, DataConfig
+from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
 
 def load_rows(spec: str, cfg: DataConfig, *, split: str, size: int) -> list[dict[str, Any]]:
     if spec == "builtin:arithmetic":
         rows = make_arithmetic_rows(size, cfg.seed, split)
     elif spec == "builtin:grid":
-        from agentrl_ray.builtin.tasks.grid import make_grid_rows
+        from agentrl_ray.tasks.grid import make_grid_rows
 
         rows = make_grid_rows(size, cfg.seed, split)
     else:

@@ -27,8 +27,8 @@ import time
 import torch
 
 from agentrl_ray.builtin.model import calculator_tools, ensure_builtin_model
-from agentrl_ray.builtin.tasks.arithmetic import make_arithmetic_rows
 from agentrl_ray.chat_format import encode_segments, extract_final_answer, parse_tool_calls, tool_response_segments
+from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
 
 def run_episodes(engine, tokenizer, tools, calculator, rows, *, temperature, max_turns, max_tokens, seed):

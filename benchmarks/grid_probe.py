@@ -21,7 +21,7 @@ import torch
 
 from agentrl_ray.builtin import grid as builtin_grid
 from agentrl_ray.builtin import model as builtin_model
-from agentrl_ray.builtin.tasks import grid
+from agentrl_ray.tasks import grid
 
 
 def first_move_probs(model, tokenizer, tools, start, goal) -> dict[str, float]:

@@ -71,8 +71,8 @@ def parse_args() -> argparse.Namespace:
 
 def step_rows(steps: int, per_step: int, seed: int) -> list[dict]:
     """The prompts our learner draws for steps 0..steps-1, in order (same train rows, same sampler)."""
-    from agentrl_ray.builtin.tasks.arithmetic import make_arithmetic_rows
     from agentrl_ray.learner.feed import PromptSampler
+    from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
     sampler = PromptSampler(make_arithmetic_rows(4000, seed, "train"), per_step, seed)  # data.train_size=4000
     return [row for s in range(steps) for row in sampler.for_step(s)]
@@ -233,7 +233,7 @@ def build_trainer(args: argparse.Namespace, model_path: Path, clock):
 def prompt_ids_match_ours(trainer, tokenizer, rows, task: str) -> bool:
     """Does TRL build the same prompt ids as our rollout worker (`RolloutWorker._prompt_ids`) for the first row?"""
     from agentrl_ray.builtin.model import calculator_tools
-    from agentrl_ray.builtin.tasks.arithmetic import make_arithmetic_rows
+    from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
     first = next(r for r in make_arithmetic_rows(4000, 0, "train") if r["id"] == rows[0]["id"])
     ours = tokenizer.apply_chat_template(

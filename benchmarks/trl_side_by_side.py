@@ -257,10 +257,10 @@ def evaluate(model_dir: str, task: str, s: Settings) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentrl_ray.builtin.model import calculator_tools
-    from agentrl_ray.builtin.tasks.arithmetic import make_arithmetic_rows
     from agentrl_ray.chat_format import parse_tool_calls
     from agentrl_ray.envs.builtin.calculator import CalculatorEnv
     from agentrl_ray.rewards.builtin import answer_match
+    from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     engine = HFEngine(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), tok.pad_token_id)

@@ -11,8 +11,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from agentrl_ray.builtin.tasks import grid
 from agentrl_ray.chat_format import END_OF_TURN, ToolCall, encode_segments, render_tool_call, tool_response_segments
+from agentrl_ray.tasks import grid
 
 TOKENIZER_DIALOGUES = 2000
 

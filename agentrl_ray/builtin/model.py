@@ -18,7 +18,7 @@ recipe, so changing the recipe (or the calculator's tool schema, which the syste
 It is built in a temporary folder and renamed into place under a file lock: concurrent callers build it once.
 
 `builtin:tiny-grid` (GRID_RECIPE) is the same shape and layout with its tokenizer and warm-up taken from the grid
-task's random walks instead (`builtin_grid.py`, `examples/grid`).
+task's random walks instead (`builtin/grid.py`, `examples/grid`).
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ import torch
 
 from agentrl_ray.builtin import grid as builtin_grid
 from agentrl_ray.builtin.recipe import CHAT_TEMPLATE, NAME, RECIPE_VERSION, RECIPES, SPECIAL_TOKENS, Recipe
-from agentrl_ray.builtin.tasks import arithmetic, grid
 from agentrl_ray.chat_format import END_OF_TURN, ToolCall, encode_segments, render_tool_call, tool_response_segments
 from agentrl_ray.envs.builtin.calculator import CalculatorEnv
 from agentrl_ray.envs.tools import tool_schemas
+from agentrl_ray.tasks import arithmetic, grid
 
 log = logging.getLogger(__name__)
 

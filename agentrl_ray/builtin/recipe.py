@@ -116,7 +116,7 @@ SMALL_RECIPE = Recipe(
     sft_warmup=15,
 )
 # `model.path: builtin:tiny-grid`: the tiny model's shape, its tokenizer and warm-up on the grid task's dialogues
-# (random walks, `agentrl_ray/builtin_grid.py`) instead of the calculator's. The dialogues are ~2x longer, so fewer,
+# (random walks, `agentrl_ray/builtin/grid.py`) instead of the calculator's. The dialogues are ~2x longer, so fewer,
 # shorter-batched steps keep the build at ~5 minutes on 2 cores.
 # Its walks lean toward the goal (`sft_toward_share` 0.35): a warm-up on uniform walks leaves the first move independent
 # of the prompt, and GRPO then has no preference to sharpen (flat at ~0.2 over 20 steps, docs/echo.md round 4);

@@ -59,7 +59,7 @@ class Config:
     profile: Literal["auto", "cpu", "lora", "gpu"] = "auto"
     """Hardware preset under the YAML and overrides; auto picks gpu when CUDA devices are visible, else cpu."""
     stability: Literal["conservative", "balanced", "aggressive"] = "balanced"
-    """Preset of learning rate, clipping, KL and batch size, layered over the profile (stability.py)."""
+    """Preset of learning rate, clipping, KL and batch size, layered over the profile (config/stability.py)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     data: DataConfig = field(default_factory=DataConfig)

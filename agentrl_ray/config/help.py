@@ -1,7 +1,7 @@
 """`agentrl-ray config --help`: every config key with its type, default and description.
 
-The descriptions are the attribute docstrings under each field in `config.py` (a string literal right after an
-annotated assignment), read from the dataclass source with `ast`, so the config file stays the single source.
+The descriptions are the attribute docstrings under each field of the config sections (a string literal right after an
+annotated assignment), read from the dataclass source with `ast`, so the schema stays the single source.
 """
 
 from __future__ import annotations

@@ -135,13 +135,14 @@ class LearnerConfig:
     micro_batch_size: int = 32
     """Sequences per forward/backward on one rank."""
     torch_threads: int = 0
-    """CPU threads of each learner rank; 0 = the node's cores shared by its ranks (see agentrl_ray/threads.py)."""
+    """CPU threads of each learner rank; 0 = the node's cores shared by its ranks (see agentrl_ray/infra/threads.py)."""
     bf16: bool = False
     """DDP learner: bfloat16 autocast with float32 weights and optimizer (DeepSpeed uses its own settings); with LoRA
     the frozen base is loaded in bfloat16 (no float32 copy), the adapter stays float32."""
     chunked_logprobs: bool = True
-    """Log-probabilities from the last hidden states chunk by chunk (agentrl_ray/chunked_logprobs.py), never the whole
-    (batch, tokens, vocabulary) logits; false: the model's full logits. Falls back to full logits under ZeRO-3."""
+    """Log-probabilities from the last hidden states chunk by chunk (agentrl_ray/learner/chunked_logprobs.py), never
+    the whole (batch, tokens, vocabulary) logits; false: the model's full logits. Falls back to full logits under
+    ZeRO-3."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass (Hugging Face `gradient_checkpointing_enable`):
     activation memory of one layer instead of all, for ~30% more compute. Works with DDP, DeepSpeed and LoRA."""

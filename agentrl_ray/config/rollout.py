@@ -39,7 +39,7 @@ class RolloutConfig:
     num_cpus_per_worker: float = 0.5
     """Ray CPUs reserved per rollout worker."""
     use_gpu: bool = False
-    """Engines run on CUDA; how many GPUs each one gets is the placement plan's (`placement.py`)."""
+    """Engines run on CUDA; how many GPUs each one gets is the placement plan's (`infra/placement.py`)."""
     tensor_parallel_size: int = 1
     """GPUs per engine (vLLM tensor parallelism), all on one node."""
     resources: dict[str, float] = field(default_factory=dict)
@@ -63,7 +63,7 @@ class RolloutConfig:
     system_prompt: str = ""
     """System message put before every prompt that has none (the chat template lists the tools after it)."""
     num_threads: int = 0
-    """CPU threads of each engine; 0 = from the node's cores (see agentrl_ray/threads.py)."""
+    """CPU threads of each engine; 0 = from the node's cores (see agentrl_ray/infra/threads.py)."""
 
     def check(self) -> None:
         need(self.num_workers >= 0, "rollout.num_workers must be >= 0 (0 = sized from the cluster's GPUs)")

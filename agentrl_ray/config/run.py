@@ -30,7 +30,7 @@ class SyncConfig:
 
 @dataclass
 class PlacementConfig:
-    """Where engines, env hosts and learner ranks run (`placement.*`, see placement.py)."""
+    """Where engines, env hosts and learner ranks run (`placement.*`, see infra/placement.py)."""
 
     mode: Literal["auto", "separate", "colocated"] = "auto"
     """separate: engines and learner ranks on different GPUs; colocated: each GPU holds an engine and a learner

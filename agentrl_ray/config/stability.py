@@ -1,6 +1,6 @@
 """Stability presets: how hard each step pushes, beside the hardware profiles.
 
-Layers, later ones winning: dataclass defaults → hardware profile (`profiles.py`) → stability preset → YAML file →
+Layers, later ones winning: dataclass defaults → hardware profile (`infra/profiles.py`) → stability preset → YAML file →
 dotted overrides. A preset scales the learning rate the profile chose (LoRA's is 10x a full fine-tune's), so
 "conservative" means the same thing on every profile; any key the user sets in YAML or on the command line wins.
 

@@ -85,7 +85,7 @@ class EnvHost:
         self, key: str, env_path: str, env_kwargs: dict, row: dict, tools: tuple[str, ...] = ()
     ) -> str | None:
         """Build the environment of trajectory `key` and reset it with `row`; returns the text reset() gave.
-        `env_path` and `tools` are the config's `env.name` and `env.tools` (see `envs.base.env_class`).
+        `env_path` and `tools` are the config's `env.name` and `env.tools` (see `envs.loading.env_class`).
 
         A constructor or reset that fails or times out costs only this trajectory: it is opened as failed (None is
         returned, every later call answers with the error). A class that cannot be loaded raises: that is the

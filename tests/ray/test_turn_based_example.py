@@ -26,7 +26,7 @@ def _arithmetic_conversations(path: Path, n: int) -> Path:
     """Rows in the example's format whose messages are the built-in model's own arithmetic questions. That model was
     warmed up on calculator dialogues only: on the example's running-total wording it never ends a turn (every
     sampled turn runs to max_tokens_per_turn, so no turn reaches `step`), on these it does."""
-    from agentrl_ray.builtin.tasks.arithmetic import evaluate, question, sample_problems
+    from agentrl_ray.tasks.arithmetic import evaluate, question, sample_problems
 
     problems = sample_problems(2 * n, seed=0, split="train")
     rows = []

@@ -126,7 +126,7 @@ def test_lora_adapter_sync_matches_merged_model(setup, builtin_model_path):
 def test_large_seeded_batch_is_scheduled_over_several_engine_steps(local_ray, builtin_model_path):
     """More prompt tokens than the engine prefills in one step, every request seeded (as rollouts are): vLLM CPU
     crashed on the partial prefill of a seeded request. A fresh engine, so no prompt prefix is cached yet."""
-    from agentrl_ray.builtin.tasks.arithmetic import make_arithmetic_rows
+    from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
     cfg = load_config(None, ["profile=cpu", "rollout.num_cpus_per_worker=1"])
     pool = RolloutPool.create(cfg, builtin_model_path)
@@ -165,7 +165,7 @@ def test_cpu_engines_start_with_the_allocator_settings(setup):
 def test_a_short_kv_cache_queues_sequences(local_ray, builtin_model_path):
     """A cache set by hand far below what a call needs (16 MiB: ~50 of 300 sequences at the whole token budget) makes
     vLLM run the sequences in turns; every one of them still completes."""
-    from agentrl_ray.builtin.tasks.arithmetic import make_arithmetic_rows
+    from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
     cfg = load_config(None, ["profile=cpu", "rollout.num_cpus_per_worker=1", f"rollout.kv_cache_gib={1 / 64}"])
     pool = RolloutPool.create(cfg, builtin_model_path)

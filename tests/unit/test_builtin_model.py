@@ -21,9 +21,9 @@ import torch
 from agentrl_ray.builtin import model as builtin_model
 from agentrl_ray.builtin import recipe as recipes
 from agentrl_ray.builtin.model import calculator_tools, ensure_builtin_model
-from agentrl_ray.builtin.tasks.arithmetic import make_arithmetic_rows
 from agentrl_ray.chat_format import encode_segments, extract_final_answer, parse_tool_calls, tool_response_segments
 from agentrl_ray.envs.builtin.calculator import CalculatorEnv
+from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 from agentrl_ray.types import TokenRole
 
 TOOLS = calculator_tools()

@@ -11,7 +11,6 @@ import pytest
 from agentrl_ray.builtin import grid as builtin_grid
 from agentrl_ray.builtin import model as builtin_model
 from agentrl_ray.builtin import recipe as recipes
-from agentrl_ray.builtin.tasks import grid
 from agentrl_ray.chat_format import parse_tool_calls
 from agentrl_ray.config import DataConfig
 from agentrl_ray.data import load_rows
@@ -19,6 +18,7 @@ from agentrl_ray.envs.builtin.grid import GridEnv
 from agentrl_ray.envs.host import EnvHost
 from agentrl_ray.envs.loading import load_env_class
 from agentrl_ray.envs.tools import tool_schemas
+from agentrl_ray.tasks import grid
 
 
 def _env(start: str, goal: str) -> GridEnv:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "agentrl_ray"
 
-# Layer of each part of the package: a top-level module or folder, or a folder inside one ("builtin.tasks") where
-# it sits lower than the rest of its folder. A module may import its own part or a part of a lower layer.
+# Layer of each part of the package (a top-level module or folder). A module may import its own part or a part of a
+# lower layer.
 LAYERS = {
     # foundations
     "types": 0,  # wire types and the token-role enum
-    "builtin.tasks": 0,  # the built-in tasks' prompts, answers and grid dynamics (pure)
+    "tasks": 0,  # the built-in tasks' prompts, answers and grid dynamics (pure)
     "config": 1,  # the schema: one section per role, each with its checks
     "chat_format": 1,  # the hermes format, both directions
     "messages": 2,  # chat messages of an episode (OpenAI style)
@@ -59,17 +59,11 @@ def _modules() -> dict[str, Path]:
 
 
 def _part(module: str) -> str | None:
-    """'agentrl_ray.rollout.pool' -> 'rollout', 'agentrl_ray.builtin.tasks.grid' -> 'builtin.tasks' (the longest
-    prefix with a layer of its own); None for a module outside the package."""
+    """'agentrl_ray.rollout.pool' -> 'rollout'; None for a module outside the package."""
     parts = module.split(".")
     if parts[0] != "agentrl_ray":
         return None
-    if len(parts) == 1:
-        return "__init__"
-    for n in range(len(parts), 1, -1):
-        if ".".join(parts[1:n]) in LAYERS:
-            return ".".join(parts[1:n])
-    return parts[1]
+    return parts[1] if len(parts) > 1 else "__init__"
 
 
 def _imports(source: str, modules=()) -> list[tuple[int, str]]:
@@ -174,7 +168,7 @@ def test_the_checks_catch_an_upward_import_and_a_cycle():
     assert violations("trained", "t.py", "from agentrl_ray.driver import train") != []
     assert violations("cli", "c.py", "from agentrl_ray.driver import train") == []
     assert violations("rollout", "r.py", "from agentrl_ray.sync.receiver import WeightReceiver") == []
-    assert violations("builtin", "b.py", "from agentrl_ray.builtin.tasks import grid") == []
-    assert violations("builtin.tasks", "t.py", "from agentrl_ray.builtin.model import RECIPES") != []
+    assert violations("builtin", "b.py", "from agentrl_ray.tasks import grid") == []
+    assert violations("tasks", "t.py", "from agentrl_ray.builtin.model import RECIPES") != []
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []

@@ -265,7 +265,7 @@ def test_an_interpreter_under_a_private_dir_is_replaced_by_one_the_sandbox_sees(
     import logging
     import sys
 
-    from agentrl_ray.envs import sandbox as sandbox_module
+    from agentrl_ray.envs.isolation import sandbox as sandbox_module
 
     monkeypatch.setattr(sys, "executable", "/tmp/clone/.venv/bin/python")
     monkeypatch.setattr(sys, "prefix", "/tmp/clone/.venv")

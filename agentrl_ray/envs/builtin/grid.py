@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl_ray.builtin.tasks.grid import DIRECTIONS, distance, observation, parse_cell, step
+from agentrl_ray.tasks.grid import DIRECTIONS, distance, observation, parse_cell, step
 
 
 class GridEnv:
