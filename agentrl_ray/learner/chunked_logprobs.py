@@ -10,7 +10,7 @@ Only the positions a loss reads are computed (`needed`): a prompt's tokens and p
 vocabulary the head is ~1/3 of the LoRA learner's arithmetic per token (its matmul forward, again in the recompute and
 once more in backward), so a prompt of P tokens in a sequence of T saves that share of P/T of the head.
 
-The result equals `algorithms.token_logprobs_and_entropy(hidden @ weight.T, ...)` up to float rounding, gradients
+The result equals `logprobs.token_logprobs_and_entropy(hidden @ weight.T, ...)` up to float rounding, gradients
 included, at every needed position, and is 0 elsewhere (`tests/unit/test_chunked_logprobs.py`). Plain torch: the
 learner (`learner/policy.py`) calls it.
 """

@@ -33,8 +33,8 @@ PROMPT, ACTION, ENV = 8, 6, 5  # a trajectory: prompt, action, tool result, acti
 
 
 def test_chunked_logprobs_at_a_real_vocabulary_equal_full_logits_in_bounded_memory():
-    from agentrl_ray.algorithms import token_logprobs_and_entropy
     from agentrl_ray.learner.chunked_logprobs import CHUNK_ELEMENTS, hidden_token_logprobs
+    from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)

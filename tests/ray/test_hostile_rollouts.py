@@ -226,7 +226,7 @@ def rollout_logprobs(model_path: str, sequences: list[list[int]]) -> list[list[f
     """What the rollout engine would have reported: log-probs under the same weights (policy version 0)."""
     from transformers import AutoModelForCausalLM
 
-    from agentrl_ray.algorithms import token_logprobs_and_entropy
+    from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     out = []

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 
-from agentrl_ray import algorithms
 from agentrl_ray.algorithms import (
     LossNorm,
     compute_advantages,
@@ -15,9 +14,10 @@ from agentrl_ray.algorithms import (
     echo_coeff_at,
     overlong_penalty,
     sequence_level_ratio,
-    token_logprobs_and_entropy,
 )
 from agentrl_ray.config import AlgorithmConfig, EchoConfig
+from agentrl_ray.learner import logprobs
+from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
 from agentrl_ray.types import TrainBatch
 
 LN2 = math.log(2.0)
@@ -96,7 +96,7 @@ def _reference_logprobs(logits, ids, temperature=1.0):
 
 def test_token_logprobs_chunked_forward_and_backward_match_log_softmax(monkeypatch):
     # Chunks of 2 positions (vocab 5, 10 elements) to cross chunk and row boundaries.
-    monkeypatch.setattr(algorithms, "CHUNK_ELEMENTS", 10)
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 10)
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 7, 5, generator=g, dtype=torch.float64, requires_grad=True)
     ids = torch.randint(0, 5, (3, 7), generator=g)

@@ -36,8 +36,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from agentrl_ray.algorithms import LossNorm, compute_loss, token_logprobs_and_entropy  # noqa: E402
+from agentrl_ray.algorithms import LossNorm, compute_loss  # noqa: E402
 from agentrl_ray.config import AlgorithmConfig  # noqa: E402
+from agentrl_ray.learner.logprobs import token_logprobs_and_entropy  # noqa: E402
 from agentrl_ray.types import TrainBatch  # noqa: E402
 
 VOCAB, PROMPT_LEN, COMPLETION_LEN = 32, 3, 6
