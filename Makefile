@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 	# llama.cpp's GGUF converter (agentrl-ray export --format gguf), from the llama-cpp-python sdist on PyPI: ~45 s,
 	# nothing compiled. Fetched here so that tests never download; export would fetch it on first use otherwise.
-	$(BIN)/python -c "from agentrl_ray.gguf_convert import ensure_converter; ensure_converter()"
+	$(BIN)/python -c "from agentrl_ray.trained.gguf_convert import ensure_converter; ensure_converter()"
 	touch $@
 
 run: install

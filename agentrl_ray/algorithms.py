@@ -1,4 +1,4 @@
-"""The RL algorithm as pure tensor functions: GRPO-family policy loss + the ECHO world-model loss.
+"""The RL algorithm as pure tensor functions: GRPO-family policy loss + the ECHO loss.
 
 No Ray, vLLM or DeepSpeed here: everything is plain torch and is tested on CPU with hand-computed numbers
 (`tests/unit/test_algorithms.py`) and against TRL's GRPOTrainer (`tests/unit/test_trl_crosscheck.py`).
@@ -40,83 +40,6 @@ from torch import Tensor
 
 from agentrl_ray.config import AlgorithmConfig, EchoConfig
 from agentrl_ray.types import TrainBatch
-
-# ----------------------------------------------------------------------------------------------------------------
-# Log-probabilities
-
-
-CHUNK_ELEMENTS = 1 << 24  # vocabulary-sized float32 temporaries are at most this many elements (64 MiB)
-
-
-def _chunks(logits: Tensor):
-    """(b, t0, t1) spans covering logits (B, T, V): contiguous views of at most CHUNK_ELEMENTS elements."""
-    bsz, seqlen, vocab = logits.shape
-    step = max(1, CHUNK_ELEMENTS // vocab)
-    for b in range(bsz):
-        for t0 in range(0, seqlen, step):
-            yield b, t0, min(seqlen, t0 + step)
-
-
-def _upcast(x: Tensor, temperature: float) -> Tensor:
-    x = x.to(torch.promote_types(x.dtype, torch.float32))  # float32 math (float64 stays float64: gradcheck)
-    return x / temperature if temperature != 1.0 else x
-
-
-class _TokenLogProb(torch.autograd.Function):
-    """log softmax(logits / temperature)[target] without keeping any float32 copy of the logits for backward.
-
-    Autograd through `logits.float()` + logsumexp would save a float32 (B, T, V) copy: twice the bf16 logits. Here
-    only the logits themselves and the (B, T) log-normalizers are saved; backward recomputes softmax chunk by chunk.
-    """
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float) -> Tensor:  # (B, T, V), (B, T) → (B, T)
-        out = torch.empty(targets.shape, dtype=torch.promote_types(logits.dtype, torch.float32), device=logits.device)
-        lse = torch.empty_like(out)  # (B, T)
-        for b, t0, t1 in _chunks(logits):
-            z = _upcast(logits[b, t0:t1], temperature)  # (t, V)
-            lse[b, t0:t1] = torch.logsumexp(z, dim=-1)
-            out[b, t0:t1] = z.gather(-1, targets[b, t0:t1, None]).squeeze(-1) - lse[b, t0:t1]
-        ctx.save_for_backward(logits, targets, lse)
-        ctx.temperature = temperature
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):  # (B, T)
-        logits, targets, lse = ctx.saved_tensors
-        grad = torch.empty_like(logits)  # (B, T, V)
-        for b, t0, t1 in _chunks(logits):
-            g = grad_out[b, t0:t1, None]  # (t, 1)
-            # d logp(y) / dz = onehot(y) - softmax(z); z = logits / temperature
-            probs = torch.exp(_upcast(logits[b, t0:t1], ctx.temperature) - lse[b, t0:t1, None])  # (t, V)
-            chunk = (-probs * g).scatter_add_(-1, targets[b, t0:t1, None], g)
-            grad[b, t0:t1] = chunk / ctx.temperature
-        return grad, None, None
-
-
-def token_logprobs_and_entropy(
-    logits: Tensor, input_ids: Tensor, with_entropy: bool = True, *, temperature: float = 1.0
-) -> tuple[Tensor, Tensor | None]:
-    """Per-token log p(input_ids[:, t] | input_ids[:, :t]) and the entropy of that distribution, aligned to input_ids.
-
-    Position 0 has no prediction and gets 0. Math is float32 whatever the logits' dtype, in chunks of positions
-    (gather - logsumexp, never a log_softmax of the batch), and backward keeps no float32 copy of the logits.
-    `temperature` divides the logits, to score tokens under the distribution the rollout engine sampled from.
-    The entropy is for monitoring: it is computed without gradient.
-    """
-    bsz, seqlen = input_ids.shape
-    shifted = logits[:, :-1]  # (B, T-1, V): position t predicts token t + 1
-    logprobs = _TokenLogProb.apply(shifted, input_ids[:, 1:], temperature)  # (B, T-1)
-    first = logprobs.new_zeros((bsz, 1))  # (B, 1): token 0 has no prediction
-    entropy = None
-    if with_entropy:
-        entropy = logprobs.new_zeros((bsz, seqlen))  # (B, T)
-        with torch.no_grad():
-            for b, t0, t1 in _chunks(shifted):
-                logp = torch.log_softmax(_upcast(shifted[b, t0:t1], temperature), dim=-1)  # (t, V)
-                entropy[b, t0 + 1 : t1 + 1] = -(logp.exp() * logp).sum(-1)
-    return torch.cat([first, logprobs], dim=1), entropy  # (B, T)
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # Rewards → advantages, data shaping
@@ -315,16 +238,16 @@ def compute_loss(
     norm: LossNorm,
     *,
     old_logprobs: Tensor,
-    world_coeff: float,
+    echo_coeff: float,
     echo: EchoConfig | None = None,
     ref_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """This micro-batch's share of the step loss, and its metrics.
 
     loss = [policy loss + beta * KL] on action tokens (aggregated by `cfg.loss_aggregation`; skipped when
-           `echo.only`) + world_coeff * CE on environment tokens (aggregated by `echo.normalization`).
+           `echo.only`) + echo_coeff * CE on environment tokens (aggregated by `echo.normalization`).
     The CE reuses `logprobs` (one forward). Truncated samples lose their policy and KL terms with `mask_truncated`
-    (DAPO overlong filtering) but stay in the global denominators and keep their world-model term (their tool
+    (DAPO overlong filtering) but stay in the global denominators and keep their ECHO term (their tool
     outputs are real). Metrics are plain floats describing THIS micro-batch alone (means over its tokens, except
     `env_tokens` / `action_tokens`, which are its counts); the learner averages them over micro-batches.
     """
@@ -349,22 +272,22 @@ def compute_loss(
         policy = aggregate(per_token, keep, cfg.loss_aggregation, *_counts(norm, "act"), norm)
     ce = -logprobs  # (B, T): next-token cross-entropy of each environment token
     mode = echo.normalization
-    world = world_coeff * aggregate(ce, env, mode, *_counts(norm, "env", mode), norm) if world_coeff else zero
-    world_local = world_coeff * float(aggregate(ce.detach(), env, mode, *_counts(local, "env", mode), local))
+    echo_loss = echo_coeff * aggregate(ce, env, mode, *_counts(norm, "env", mode), norm) if echo_coeff else zero
+    echo_local = echo_coeff * float(aggregate(ce.detach(), env, mode, *_counts(local, "env", mode), local))
     mismatch = (logprobs.detach() - batch.rollout_logprobs) * act  # (B, T): log pi_learner - log pi_rollout
     metrics.update(
         policy_loss=policy_local,
         kl=kl_local,
-        world_loss=_masked_mean(ce.detach(), env),
-        world_loss_weighted=world_local,
-        world_policy_ratio=abs(world_local) / (abs(policy_local) + 1e-8),
+        echo_ce=_masked_mean(ce.detach(), env),
+        echo_weighted=echo_local,
+        echo_policy_ratio=abs(echo_local) / (abs(policy_local) + 1e-8),
         entropy=_masked_mean(entropy, act) if entropy is not None else 0.0,
         mismatch_abs=_masked_mean(mismatch.abs(), act),
         mismatch_kl=_masked_mean(torch.exp(mismatch) - 1.0 - mismatch, act),
         env_tokens=local.env_tokens,
         action_tokens=local.action_tokens,
     )
-    return policy + world, metrics
+    return policy + echo_loss, metrics
 
 
 def _counts(norm: LossNorm, role: str, mode: str = "") -> tuple[float, float]:

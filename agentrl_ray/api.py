@@ -15,7 +15,7 @@
     result.metrics["eval/success"], result.generate(["What is 347 * 29?"]), result.export("gguf")
 
 It builds the same typed `Config` as `agentrl-ray train` (a YAML file, then these arguments, then dotted overrides)
-and runs the same driver. Functions and classes become config strings (`envs.base.object_spec`): their import path
+and runs the same driver. Functions and classes become config strings (`envs.loading.object_spec`): their import path
 when they have one (as a YAML config would name them), else the object itself pickled by value, so a tool defined
 in a notebook or in the script that `ray job submit` runs reaches every Ray worker. Rows given as a list are
 written to the run folder as JSONL, and the config points at that file.
@@ -93,8 +93,9 @@ def build_config(
         overrides: dotted overrides applied last, as on the command line: ["run.steps=5", "learner.lr=1e-5"].
         **sections: config sections as dicts, e.g. run={"steps": 20}, learner={"lr": 1e-4}.
     """
-    from agentrl_ray.config import load_config, load_yaml
-    from agentrl_ray.envs.base import object_spec
+    from agentrl_ray.config import load_yaml
+    from agentrl_ray.envs.loading import object_spec
+    from agentrl_ray.infra.profiles import load_config
 
     values: dict[str, Any] = load_yaml(config) if isinstance(config, (str, Path)) else dict(config or {})
     values = deep_merge(values, sections)
@@ -163,14 +164,14 @@ class TrainResult:
 
     @property
     def checkpoint(self) -> Path:
-        from agentrl_ray.checkpoints import find_checkpoint
+        from agentrl_ray.trained.checkpoints import find_checkpoint
 
         return find_checkpoint(self.run_dir).path
 
     @property
     def model_path(self) -> Path:
         """The final weights: a Hugging Face model folder, or for LoRA the adapter folder (`save` merges it)."""
-        from agentrl_ray.checkpoints import find_checkpoint
+        from agentrl_ray.trained.checkpoints import find_checkpoint
 
         return find_checkpoint(self.run_dir).weights
 
@@ -179,8 +180,8 @@ class TrainResult:
     ) -> list[list[dict[str, Any]]]:
         """Run the agent (vLLM, the run's tools and environment) on each prompt; returns each conversation's
         completion as OpenAI-style messages (the last one is the answer). The engines stay up until `close()`."""
-        from agentrl_ray.inference import Agent
         from agentrl_ray.messages import to_openai
+        from agentrl_ray.trained.inference import Agent
 
         if self._agent is None:
             self._agent = Agent.load(self.run_dir, rewards=False)
@@ -190,7 +191,7 @@ class TrainResult:
 
     def evaluate(self, **kwargs: Any) -> dict[str, Any]:
         """`agentrl-ray eval` on the final checkpoint (keyword arguments as `evaluate.evaluate_checkpoint`)."""
-        from agentrl_ray.evaluate import evaluate_checkpoint
+        from agentrl_ray.trained.evaluate import evaluate_checkpoint
 
         self.close()
         return evaluate_checkpoint(self.run_dir, **kwargs)
@@ -201,7 +202,7 @@ class TrainResult:
 
     def export(self, format: str, path: str | Path | None = None, quant: str = "q8_0") -> Path:
         """`agentrl-ray export`: "merged", "lora" or "gguf" (+ Ollama Modelfile)."""
-        from agentrl_ray.export import export
+        from agentrl_ray.trained.export import export
 
         return export(self.run_dir, format, path, quant)
 

@@ -25,15 +25,17 @@ import json
 import logging
 import sys
 
-from agentrl_ray import config_help, sft
-from agentrl_ray.config import BUILTIN_MODELS, ConfigError, load_config
+from agentrl_ray.config import BUILTIN_MODELS, ConfigError
+from agentrl_ray.config import help as config_help
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.traces import cli as traces_cli
+from agentrl_ray.traces import sft
 
 # Commands that use a trained checkpoint: each module has add_arguments(parser) and main(args).
 USE_COMMANDS = {
-    "eval": ("agentrl_ray.evaluate", "evaluate a checkpoint on held-out prompts (pass@k, transcripts)"),
-    "chat": ("agentrl_ray.chat", "talk to a checkpoint in the terminal, with its tools"),
-    "export": ("agentrl_ray.export", "export a checkpoint: merged HF model, LoRA adapter, or GGUF + Modelfile"),
+    "eval": ("agentrl_ray.trained.evaluate", "evaluate a checkpoint on held-out prompts (pass@k, transcripts)"),
+    "chat": ("agentrl_ray.trained.chat", "talk to a checkpoint in the terminal, with its tools"),
+    "export": ("agentrl_ray.trained.export", "export a checkpoint: merged HF model, LoRA adapter, or GGUF + Modelfile"),
 }
 
 
@@ -42,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in (("train", "run training end to end"), ("config", "print the resolved config")):
         s = sub.add_parser(name, help=help_text, add_help=name != "config")
-        if name == "config":  # its --help lists every config key (config_help.py)
+        if name == "config":  # its --help lists every config key (config/help.py)
             s.add_argument("-h", "--help", action="store_true", help="list every config key and exit")
         s.add_argument(
             "args",
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"agentrl-ray {args.command}: {exc}", file=sys.stderr)
             return 2
     if args.command == "build-model":
-        from agentrl_ray.builtin_model import ensure_builtin_model
+        from agentrl_ray.builtin.model import ensure_builtin_model
 
         print(ensure_builtin_model(size=args.size))
         return 0
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "sft":
         return sft.run(args)
     if args.command == "doctor":
-        from agentrl_ray.doctor import main as doctor_main
+        from agentrl_ray.infra.doctor import main as doctor_main
 
         return doctor_main(*_split(args.args))
     path, overrides = _split(args.args)
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
     if args.command == "plan":
-        from agentrl_ray.plan_cmd import show
+        from agentrl_ray.infra.plan_cmd import show
 
         try:
             show(cfg, args.nodes, args.json)

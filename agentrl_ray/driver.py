@@ -14,12 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from agentrl_ray import preflight, resume
-from agentrl_ray.allocator import allocator_env
+from agentrl_ray.builtin.resolve import resolve_model
 from agentrl_ray.config import Config, ConfigError
 from agentrl_ray.data import load_rows
-from agentrl_ray.outputs import atomic_write_text
-from agentrl_ray.threads import ThreadPolicy
+from agentrl_ray.infra.allocator import allocator_env
+from agentrl_ray.infra.local_ray import init_ray
+from agentrl_ray.infra.threads import ThreadPolicy
+from agentrl_ray.run import preflight, resume
+from agentrl_ray.run.outputs import atomic_write_text
 from agentrl_ray.types import RunStopped
 
 log = logging.getLogger("agentrl_ray")
@@ -30,29 +32,10 @@ SNAPSHOT = resume.SNAPSHOT
 HEALTH_CHECK_TIMEOUT = "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S"  # Ray Train v2: recovery.learner_unresponsive_s
 
 
-def resolve_model(path: str) -> str:
-    if path.startswith("builtin:"):  # the size was checked with the config (config.BUILTIN_MODELS)
-        from agentrl_ray.builtin_model import ensure_builtin_model
-
-        return str(ensure_builtin_model(size=path.removeprefix("builtin:")))
-    from agentrl_ray import hub
-
-    if hub.is_hub_id(path):  # one commit's snapshot in the Hugging Face cache, the same for every node
-        return hub.resolve(path).path
-    folder = Path(path).expanduser()
-    if not (folder / "config.json").is_file():
-        raise ConfigError(
-            f"model.path {path!r} is not a Hugging Face model folder (no config.json); "
-            "use builtin:tiny, builtin:small, builtin:tiny-grid, a local folder made by save_pretrained, or a Hub id "
-            "such as Qwen/Qwen2.5-0.5B-Instruct"
-        )
-    return str(folder.resolve())
-
-
 def check_run_dir(cfg: Config) -> Path | None:
     """Never silently overwrite or silently restart a run: resume must be asked for, and possible. On resume, repair
     what a crash tore and return the checkpoint to resume from when Ray Train's snapshot cannot say (resume.py)."""
-    from agentrl_ray.storage import checkpoint_root, exists, is_uri
+    from agentrl_ray.infra.storage import checkpoint_root, exists, is_uri
 
     root = checkpoint_root(cfg.run.output_dir, cfg.run.storage_path)
     local = None if is_uri(root) else Path(root) / cfg.run.name  # cloud storage: not verified here
@@ -80,24 +63,6 @@ def _ray_initialized() -> bool:
     return ray.is_initialized()
 
 
-def init_ray(cfg: Config, threads: ThreadPolicy) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    env_vars = threads.actor_env()
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
-    else:
-        from agentrl_ray import local_ray
-
-        ray.init(  # see local_ray
-            include_dashboard=False,
-            runtime_env=local_ray.runtime_env(env_vars),
-            _system_config=local_ray.SYSTEM_CONFIG,
-        )
-
-
 def learner_run_config(cfg: Config, storage: str):
     import ray.train
 
@@ -116,9 +81,9 @@ def learner_run_config(cfg: Config, storage: str):
 def place(cfg: Config, model_path: str):
     """Plan from the cluster's nodes (never this machine's), resolve the config's counts from it, check that every
     node sees the storage and the model, and reserve it. Returns (plan, reserved plan, checkpoint storage path)."""
-    from agentrl_ray import hub
-    from agentrl_ray.cluster import apply_plan, check_nodes_see, ensure_model_on_nodes, plan_for_cluster, reserve
-    from agentrl_ray.storage import checkpoint_root
+    from agentrl_ray.infra import hub
+    from agentrl_ray.infra.cluster import apply_plan, check_nodes_see, ensure_model_on_nodes, plan_for_cluster, reserve
+    from agentrl_ray.infra.storage import checkpoint_root
 
     plan = plan_for_cluster(cfg)  # a plan the cluster cannot hold fails here, saying what is missing
     apply_plan(cfg, plan)
@@ -189,10 +154,10 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from agentrl_ray.cluster import learner_scaling
+    from agentrl_ray.infra.cluster import learner_scaling
     from agentrl_ray.learner.loop import train_loop_per_worker
-    from agentrl_ray.outputs import plot_curves, start_driver_log
     from agentrl_ray.rollout.pool import RolloutPool
+    from agentrl_ray.run.outputs import plot_curves, start_driver_log
 
     plan, placed, storage = place(cfg, model_path)
     threads = ThreadPolicy.of(cfg)  # the CPU/overlap policy of every actor, with the plan's counts

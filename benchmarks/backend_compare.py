@@ -85,7 +85,7 @@ def main() -> None:
 
         a.model = str(ensure_qwen05b_shape())
     elif a.model == "tiny":
-        from agentrl_ray.builtin_model import ensure_builtin_model
+        from agentrl_ray.builtin.model import ensure_builtin_model
 
         a.model = str(ensure_builtin_model())
     from agentrl_ray.rollout.torch_engine import TorchEngine

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from agentrl_ray.builtin_model import calculator_tools, ensure_builtin_model
+from agentrl_ray.builtin.model import calculator_tools, ensure_builtin_model
 from agentrl_ray.chat_format import encode_segments, extract_final_answer, parse_tool_calls, tool_response_segments
 from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
@@ -109,7 +109,7 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     from transformers import AutoTokenizer
 
-    from agentrl_ray.envs.calculator import CalculatorEnv
+    from agentrl_ray.envs.builtin.calculator import CalculatorEnv
 
     t0 = time.perf_counter()
     path = args.model or str(ensure_builtin_model())

@@ -17,8 +17,8 @@ import collections
 import torch
 
 from agentrl_ray.chat_format import encode_segments, extract_final_answer, parse_tool_calls, tool_response_segments
-from agentrl_ray.envs.base import tool_schemas
-from agentrl_ray.envs.calculator import CalculatorEnv
+from agentrl_ray.envs.builtin.calculator import CalculatorEnv
+from agentrl_ray.envs.tools import tool_schemas
 from agentrl_ray.rewards.builtin import numbers_match
 from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 

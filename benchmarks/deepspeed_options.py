@@ -27,8 +27,8 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agentrl_ray.builtin_model import ensure_builtin_model
-    from agentrl_ray.config import load_config
+    from agentrl_ray.builtin.model import ensure_builtin_model
+    from agentrl_ray.infra.profiles import load_config
     from agentrl_ray.learner import zero
     from agentrl_ray.learner.policy import enable_gradient_checkpointing
 

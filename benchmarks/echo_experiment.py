@@ -15,7 +15,7 @@ then the remaining seeds of GRPO and of the best lambda. A run already on disk (
 interrupted experiment continues where it stopped.
 
 Held-out success and held-out environment-token CE come from the run's own evaluations (`eval/success`,
-`eval/env_token_ce` in metrics.jsonl, every `run.eval_every` steps on the same held-out prompts). The lambda for the
+`eval/echo_ce` in metrics.jsonl, every `run.eval_every` steps on the same held-out prompts). The lambda for the
 seeded comparison is the sweep value with the best mean held-out success over the run's evaluations after step 0
 (area under the curve), so a lambda that gets there sooner wins over one that only ends level.
 
@@ -100,6 +100,9 @@ def run_name(coeff: float, seed: int, norm: str = DEFAULT_NORM) -> str:
 
 def curve(run_dir: Path) -> list[dict]:
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    for r in records:  # runs recorded before the ECHO metrics took one name (stored results) call it env_token_ce
+        if "eval/env_token_ce" in r:
+            r.setdefault("eval/echo_ce", r.pop("eval/env_token_ce"))
     return [r for r in records if "eval/success" in r]
 
 
@@ -162,7 +165,7 @@ def tables(
         return f"{m:.3f} ± {statistics.pstdev(xs):.3f} [±{h:.3f}]" if len(xs) > 1 else f"{m:.3f}"
 
     def ce(c: list[dict], i: int) -> str:
-        return f"{c[i].get('eval/env_token_ce', float('nan')):.2f}"
+        return f"{c[i].get('eval/echo_ce', float('nan')):.2f}"
 
     seed0 = min(int(d.name.rpartition("seed")[2]) for d in sweep.values())
     lines = [
@@ -214,8 +217,8 @@ def tables(
         lines.append(
             f"| {coeff:g} | {len(dirs)} | {ms([c[-1]['eval/success'] for c in curves])} "
             f"| {ms([max(r['eval/success'] for r in c) for c in curves])} | {ms([auc(d) for d in dirs])} "
-            f"| {ms([c[0].get('eval/env_token_ce', float('nan')) for c in curves])} "
-            f"| {ms([c[-1].get('eval/env_token_ce', float('nan')) for c in curves])} "
+            f"| {ms([c[0].get('eval/echo_ce', float('nan')) for c in curves])} "
+            f"| {ms([c[-1].get('eval/echo_ce', float('nan')) for c in curves])} "
             f"| {ms([peak_entropy(d) for d in dirs])} | {cells} |"
         )
     echo = [c for c in runs if c != 0.0]
@@ -249,7 +252,7 @@ def plot(runs: dict[float, list[Path]], out: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for (coeff, dirs), color in zip(sorted(runs.items()), ["tab:blue", "tab:orange", "tab:green", "tab:red"]):
         label = "GRPO" if coeff == 0 else f"GRPO + ECHO λ={coeff:g}"
-        for key, ax in (("eval/success", axes[0]), ("eval/env_token_ce", axes[1])):
+        for key, ax in (("eval/success", axes[0]), ("eval/echo_ce", axes[1])):
             for d in dirs:
                 c = curve(d)
                 ax.plot([r["samples"] for r in c], [r.get(key, float("nan")) for r in c], color=color, alpha=0.25)

@@ -25,7 +25,7 @@ def measure() -> dict[str, float | bool]:
     host = ray.remote(RestartableEnvHost).options(num_cpus=0.25, max_concurrency=10).remote(2.0, isolation="thread")
     pid = ray.get(host.pid.remote())
     ready = time.perf_counter() - t0
-    ray.get(host.create.remote("k", "agentrl_ray.envs.calculator:CalculatorEnv", {}, {"id": 1}))
+    ray.get(host.create.remote("k", "agentrl_ray.envs.builtin.calculator:CalculatorEnv", {}, {"id": 1}))
     proc = psutil.Process(pid)
     info = proc.memory_full_info()
     torch_mapped = any("torch" in m.path for m in proc.memory_maps())

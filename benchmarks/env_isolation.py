@@ -25,7 +25,7 @@ from pathlib import Path
 from agentrl_ray.chat_format import ToolCall
 from agentrl_ray.envs.host import EnvHost
 
-CALC = "agentrl_ray.envs.calculator:CalculatorEnv"
+CALC = "agentrl_ray.envs.builtin.calculator:CalculatorEnv"
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "env_isolation.json"
 
 

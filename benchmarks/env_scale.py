@@ -135,7 +135,7 @@ def run_workload(w: Workload, hosts: list, n: int, sequential: int) -> dict:
 
 def sandbox_start_ms(runs: int, wall_s: float) -> float:
     """Median of sequential `run_python("pass")` in this process: what one sandbox costs before any code runs."""
-    from agentrl_ray.envs.sandbox import SandboxLimits, run_python
+    from agentrl_ray.envs.isolation.sandbox import SandboxLimits, run_python
 
     times = []
     for _ in range(runs):
@@ -198,12 +198,12 @@ def main() -> None:
     import ray
 
     from agentrl_ray.envs.host import EnvHost
-    from agentrl_ray.envs.sandbox import network_isolation_available
+    from agentrl_ray.envs.isolation.sandbox import network_isolation_available
 
     workloads = {
-        "calculator": Workload("calculator", "agentrl_ray.envs.calculator:CalculatorEnv", {}),
+        "calculator": Workload("calculator", "agentrl_ray.envs.builtin.calculator:CalculatorEnv", {}),
         "code_exec": Workload(
-            "code_exec", "agentrl_ray.envs.code_exec:CodeExecutionEnv", {"wall_time_s": args.sandbox_wall_s}
+            "code_exec", "agentrl_ray.envs.builtin.code_exec:CodeExecutionEnv", {"wall_time_s": args.sandbox_wall_s}
         ),
     }
     chosen = [workloads[name] for name in args.envs.split(",")]

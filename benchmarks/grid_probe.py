@@ -19,7 +19,8 @@ import statistics
 
 import torch
 
-from agentrl_ray import builtin_grid, builtin_model
+from agentrl_ray.builtin import grid as builtin_grid
+from agentrl_ray.builtin import model as builtin_model
 from agentrl_ray.tasks import grid
 
 

@@ -61,9 +61,9 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int, prompt
     from qwen05b_shape import ensure_qwen05b_shape
     from transformers import AutoModelForCausalLM
 
-    from agentrl_ray.algorithms import token_logprobs_and_entropy
-    from agentrl_ray.chunked_logprobs import hidden_token_logprobs
     from agentrl_ray.config import LoraConfig as OurLora
+    from agentrl_ray.learner.chunked_logprobs import hidden_token_logprobs
+    from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
     from agentrl_ray.learner.policy import compile_layers, hidden_states_out, model_head
 
     torch.set_num_threads(threads)

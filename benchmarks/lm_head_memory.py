@@ -6,7 +6,7 @@
 Forward + backward of the per-token log-probabilities (and the no-grad entropy) of N tokens from the last hidden
 states (N, H) through a frozen tied head (V, H), as the learner does with LoRA and `learner.bf16` (float32 weights,
 bfloat16 autocast):
-- `full`: the head's full (B, T, V) logits (bf16 under autocast), then `algorithms.token_logprobs_and_entropy`
+- `full`: the head's full (B, T, V) logits (bf16 under autocast), then `learner.logprobs.token_logprobs_and_entropy`
   (already float32 math in chunks of positions, no float32 copy kept for backward): what the learner did before
   `learner.chunked_logprobs`;
 - `full_fp32`: the same with float32 logits (no autocast): what a float32 learner does;
@@ -40,8 +40,8 @@ def one(variant: str, tokens: int, hidden: int, vocab: int, threads: int, repeat
 
     import torch
 
-    from agentrl_ray.algorithms import token_logprobs_and_entropy
-    from agentrl_ray.chunked_logprobs import chunk_tokens_for, hidden_token_logprobs
+    from agentrl_ray.learner.chunked_logprobs import chunk_tokens_for, hidden_token_logprobs
+    from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -41,8 +41,8 @@ def measure(
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from agentrl_ray.allocator import allocator_env
-    from agentrl_ray.config import load_config
+    from agentrl_ray.infra.allocator import allocator_env
+    from agentrl_ray.infra.profiles import load_config
     from agentrl_ray.learner.policy import lora_tensors
     from agentrl_ray.rollout.pool import RolloutPool
     from agentrl_ray.sync.sender import ObjectStoreSender
@@ -114,7 +114,7 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    from agentrl_ray.builtin_model import ensure_builtin_model
+    from agentrl_ray.builtin.model import ensure_builtin_model
 
     model_path = args.model or str(ensure_builtin_model())
     results = []

@@ -8,7 +8,7 @@ tied embeddings: 494M parameters, of which the 136M of the embedding are also th
 Qwen2.5-0.5B's published one; the weights are random (`initializer_range` 0.02), so the model's behaviour means
 nothing: it is for throughput and memory, and its completions run to the length limit (EOS has ~1/151,936 chance
 per token; both trainers also force the length). The tokenizer and chat template are the built-in model's
-(`agentrl_ray.builtin_model`): its ~370 ids are valid ids of the larger vocabulary, and sampled ids beyond the
+(`agentrl_ray.builtin.model`): its ~370 ids are valid ids of the larger vocabulary, and sampled ids beyond the
 tokenizer decode to nothing, in our rollouts and in TRL alike. Both our trainer (`model.path=<folder>`) and TRL's
 `GRPOTrainer` (`benchmarks/trl_grpo_run.py --model-path <folder>`) load the folder.
 
@@ -44,7 +44,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 
 def ensure_qwen05b_shape(cache_dir: Path | None = None, *, seed: int = 0) -> Path:
-    from agentrl_ray.builtin_model import default_cache_root, ensure_builtin_model
+    from agentrl_ray.builtin.model import default_cache_root, ensure_builtin_model
 
     tokenizer_dir = ensure_builtin_model()
     key = json.dumps({"config": QWEN25_05B, "seed": seed, "tokenizer": tokenizer_dir.name}, sort_keys=True)

@@ -172,7 +172,7 @@ def bounds(m: dict[str, float], step: dict[str, float], hw: dict[str, dict], pro
 def phase_settings(run_dir: Path | None, args) -> dict[str, tuple[int, str]]:
     """(threads, dtype) each phase ran with: from the run's config.json (its thread defaults resolved for this
     machine), else the command line."""
-    from agentrl_ray.threads import default_threads
+    from agentrl_ray.infra.threads import default_threads
 
     cfg = json.loads((run_dir / "config.json").read_text()) if run_dir and (run_dir / "config.json").exists() else {}
     overlapped = cfg.get("sync", {}).get("max_staleness", 0) > 0
@@ -207,7 +207,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "roofline.json")
     args = p.parse_args()
     if args.model is None:
-        from agentrl_ray.builtin_model import ensure_builtin_model
+        from agentrl_ray.builtin.model import ensure_builtin_model
 
         args.model = str(ensure_builtin_model())
     m = model_shape(args.model)

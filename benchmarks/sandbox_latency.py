@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 
-from agentrl_ray.envs.sandbox import SandboxLimits, run_python, sandbox_python  # noqa: E402
+from agentrl_ray.envs.isolation.sandbox import SandboxLimits, run_python, sandbox_python  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:

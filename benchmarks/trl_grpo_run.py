@@ -153,8 +153,8 @@ def build_trainer(args: argparse.Namespace, model_path: Path, clock):
     from trl import GRPOConfig
     from trl.chat_template_utils import qwen3_template
 
-    from agentrl_ray.builtin_model import calculator_tools
-    from agentrl_ray.envs.calculator import CalculatorEnv
+    from agentrl_ray.builtin.model import calculator_tools
+    from agentrl_ray.envs.builtin.calculator import CalculatorEnv
     from agentrl_ray.rewards.builtin import answer_match
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
@@ -232,7 +232,7 @@ def build_trainer(args: argparse.Namespace, model_path: Path, clock):
 
 def prompt_ids_match_ours(trainer, tokenizer, rows, task: str) -> bool:
     """Does TRL build the same prompt ids as our rollout worker (`RolloutWorker._prompt_ids`) for the first row?"""
-    from agentrl_ray.builtin_model import calculator_tools
+    from agentrl_ray.builtin.model import calculator_tools
     from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
     first = next(r for r in make_arithmetic_rows(4000, 0, "train") if r["id"] == rows[0]["id"])
@@ -249,7 +249,7 @@ def prompt_ids_match_ours(trainer, tokenizer, rows, task: str) -> bool:
 
 def main() -> None:
     args = parse_args()
-    from agentrl_ray.builtin_model import ensure_builtin_model
+    from agentrl_ray.builtin.model import ensure_builtin_model
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "steps.jsonl").unlink(missing_ok=True)

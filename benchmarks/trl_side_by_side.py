@@ -72,7 +72,7 @@ def prompt_lengths(s: Settings) -> list[int]:
     from transformers import AutoTokenizer
     from trl_grpo_run import step_rows
 
-    from agentrl_ray.builtin_model import calculator_tools
+    from agentrl_ray.builtin.model import calculator_tools
 
     tok = AutoTokenizer.from_pretrained(model_path(s))
     tools = calculator_tools()
@@ -88,7 +88,7 @@ def model_path(s: Settings) -> Path:
         from qwen05b_shape import ensure_qwen05b_shape
 
         return ensure_qwen05b_shape()
-    from agentrl_ray.builtin_model import ensure_builtin_model
+    from agentrl_ray.builtin.model import ensure_builtin_model
 
     return ensure_builtin_model(size=s.model)
 
@@ -256,9 +256,9 @@ def evaluate(model_dir: str, task: str, s: Settings) -> dict:
     from builtin_model_quality import run_episodes
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentrl_ray.builtin_model import calculator_tools
+    from agentrl_ray.builtin.model import calculator_tools
     from agentrl_ray.chat_format import parse_tool_calls
-    from agentrl_ray.envs.calculator import CalculatorEnv
+    from agentrl_ray.envs.builtin.calculator import CalculatorEnv
     from agentrl_ray.rewards.builtin import answer_match
     from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 

@@ -12,7 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def builtin_model_path() -> str:
-    from agentrl_ray.builtin_model import ensure_builtin_model
+    from agentrl_ray.builtin.model import ensure_builtin_model
 
     return str(ensure_builtin_model())
 

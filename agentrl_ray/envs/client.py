@@ -31,7 +31,7 @@ class EnvClient:
         self.hosts = hosts
         self.env_path = env_path
         self.env_kwargs = env_kwargs
-        self.tools = tools  # env.tools: plain functions added to the environment (envs.base.env_class)
+        self.tools = tools  # env.tools: plain functions added to the environment (envs.loading.env_class)
 
     def host_index(self, key: str) -> int:
         return zlib.crc32(key.encode()) % len(self.hosts)

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl_ray.chat_format import ToolCall
-from agentrl_ray.envs.base import coerce_arguments, env_class, tool_methods
-from agentrl_ray.envs.child import describe
-from agentrl_ray.envs.isolation import EnvError, EnvSetupError, Isolation, Level
-from agentrl_ray.envs.sandbox import SandboxLimits
+from agentrl_ray.envs.isolation.child import describe
+from agentrl_ray.envs.isolation.levels import EnvError, EnvSetupError, Isolation, Level
+from agentrl_ray.envs.isolation.sandbox import SandboxLimits
+from agentrl_ray.envs.loading import env_class
+from agentrl_ray.envs.tools import coerce_arguments, tool_methods
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class EnvHost:
         self, key: str, env_path: str, env_kwargs: dict, row: dict, tools: tuple[str, ...] = ()
     ) -> str | None:
         """Build the environment of trajectory `key` and reset it with `row`; returns the text reset() gave.
-        `env_path` and `tools` are the config's `env.name` and `env.tools` (see `envs.base.env_class`).
+        `env_path` and `tools` are the config's `env.name` and `env.tools` (see `envs.loading.env_class`).
 
         A constructor or reset that fails or times out costs only this trajectory: it is opened as failed (None is
         returned, every later call answers with the error). A class that cannot be loaded raises: that is the

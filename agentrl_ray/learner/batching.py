@@ -1,8 +1,12 @@
-"""Trajectory groups → padded TrainBatch, sharded over learner ranks and split into micro-batches."""
+"""Trajectory groups → padded TrainBatch, sharded over learner ranks and split into micro-batches; rank 0's groups
+broadcast to every rank."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.distributed as dist
 
 from agentrl_ray.algorithms import compute_advantages, overlong_penalty
 from agentrl_ray.config import AlgorithmConfig
@@ -62,3 +66,12 @@ def micro_batches(batch: TrainBatch, num: int) -> list[tuple[TrainBatch, float]]
         t = int(mb.attention_mask.sum(dim=1).max())
         out.append((TrainBatch(**{k: (v[:, :t] if v.dim() == 2 else v) for k, v in mb.__dict__.items()}), weight))
     return out
+
+
+def broadcast_groups(groups: Any, world: int) -> Any:
+    """Rank 0's object (the step's groups, the stop decision) on every rank."""
+    if world == 1:
+        return groups
+    box = [groups]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from agentrl_ray.algorithms import token_logprobs_and_entropy
-from agentrl_ray.chunked_logprobs import hidden_token_logprobs
 from agentrl_ray.config import LearnerConfig, ModelConfig
-from agentrl_ray.hardware import emulated_bf16_warning, this_cpu
+from agentrl_ray.infra.hardware import emulated_bf16_warning, this_cpu
 from agentrl_ray.learner import qlora, zero
+from agentrl_ray.learner.chunked_logprobs import hidden_token_logprobs
+from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
 from agentrl_ray.sync.packing import load_safetensors_folder
 
 TRAINER_STATE = "trainer_state.pt"

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from agentrl_ray.sync.receiver import merged_stream
+from agentrl_ray.sync.lora import merged_stream
 
 QUESTIONS = ("What is 12 * 34?", "What is 905 - 17?")
 TOKENS = 16

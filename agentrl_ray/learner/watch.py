@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from agentrl_ray.config import Config
-from agentrl_ray.health import EarlyStopper, HealthMonitor
+from agentrl_ray.learner.health import EarlyStopper, HealthMonitor
 from agentrl_ray.rewards import load_reward_functions, reward_name
 from agentrl_ray.rewards.failures import RewardFailureWatch
 from agentrl_ray.types import TrajectoryGroup
@@ -49,7 +49,8 @@ class RunWatch:
         from agentrl_ray.traces.records import group_records, write_step
 
         if self.tools is None:
-            from agentrl_ray.envs.base import load_env_class, tool_schemas
+            from agentrl_ray.envs.loading import load_env_class
+            from agentrl_ray.envs.tools import tool_schemas
 
             self.tools = tool_schemas(load_env_class(self.cfg.env.name))
         keep = self.cfg.run.save_rollouts_groups or len(groups)

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl_ray.envs.base import import_object
+from agentrl_ray.envs.loading import import_object
 from agentrl_ray.rewards import builtin, measures
 
 logger = logging.getLogger(__name__)

@@ -17,22 +17,17 @@ Backends:
   lives there: process environment variables, KV sizing, engine-argument checks, sleep mode, native LoRA.
 - `torch` (`rollout/torch_engine.py`): `transformers`' own generation and cache on any device torch runs on (CPU,
   CUDA, ROCm, MPS); the fallback where vLLM does not run and the reference for the learner-vs-engine log-prob gap.
-Adding a backend is one file with a `from_config` and the methods below, plus one line in `BACKENDS`.
+Adding a backend is one file with a `from_config`, a `process_env` and the methods below, plus its line in
+`rollout/backends.py`, which picks the class by name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from agentrl_ray.config import ModelConfig, RolloutConfig
-    from agentrl_ray.rollout.engine_modes import EngineModes
-
-BACKENDS = ("vllm", "torch")
 
 
 @dataclass
@@ -66,38 +61,3 @@ class Engine(Protocol):
     def wake(self) -> None: ...
 
     def kv_cache_tokens(self) -> int: ...
-
-
-def engine_class(backend: str):
-    """The class of `rollout.backend`; imported on use, so a run on one backend never imports the other's library."""
-    if backend == "vllm":
-        from agentrl_ray.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine
-    if backend == "torch":
-        from agentrl_ray.rollout.torch_engine import TorchEngine
-
-        return TorchEngine
-    raise ValueError(f"rollout.backend={backend!r}: choose one of {', '.join(BACKENDS)}")
-
-
-def make_engine(
-    backend: str,
-    model_path: str,
-    model_cfg: ModelConfig,
-    cfg: RolloutConfig,
-    *,
-    seed: int,
-    use_gpu: bool,
-    modes: EngineModes,
-    kv_sequences: int,
-) -> Engine:
-    """The engine of one rollout worker. `kv_sequences`: the most sequences one rollout call runs at once."""
-    return engine_class(backend).from_config(
-        model_path, model_cfg, cfg, seed=seed, use_gpu=use_gpu, modes=modes, kv_sequences=kv_sequences
-    )
-
-
-def engine_process_env(backend: str, *, use_gpu: bool) -> dict[str, str]:
-    """Environment variables of an engine's process, set when it starts (Ray's `runtime_env`)."""
-    return engine_class(backend).process_env(use_gpu=use_gpu)

@@ -7,12 +7,13 @@
   check. Worth it only when they share a GPU (`placement.mode=colocated`) and take turns: with
   `sync.max_staleness=1` the rollout of step t+1 runs while step t trains, so there is no idle engine to put to
   sleep. Both backends sleep on accelerators only: on CPU `rollout.sleep_mode=always` is refused.
-- lora_rank: > 0 builds the engine with vLLM's own LoRA support (`enable_lora`, `max_lora_rank` the smallest rank
-  vLLM accepts that holds `learner.lora.r`); each sync then hands the engine the adapter, which it applies as a new
-  `LoRARequest` (a new id per version), instead of merging the adapter into the base weights (read again from the
-  model folder at each update) on CPU. On by default on GPU engines; vLLM CPU supports it too
-  (`rollout.lora_mode=native`), the CPU default stays the merge. The torch backend always merges (its engine holds
-  plain `transformers` weights): `rollout.lora_mode=native` with it is refused by the config.
+- lora_rank: > 0 (the adapter's rank) builds the engine with vLLM's own LoRA support (`enable_lora`, with the
+  smallest `max_lora_rank` vLLM accepts that holds it: `vllm_engine.vllm_lora_rank`); each sync then hands the
+  engine the adapter, which it applies as a new `LoRARequest` (a new id per version), instead of merging the adapter
+  into the base weights (read again from the model folder at each update) on CPU. On by default on GPU engines;
+  vLLM CPU supports it too (`rollout.lora_mode=native`), the CPU default stays the merge. The torch backend always
+  merges (its engine holds plain `transformers` weights): `rollout.lora_mode=native` with it is refused by the
+  config.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentrl_ray.config import Config
-from agentrl_ray.rollout.vllm_engine import vllm_lora_rank
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class EngineModes:
     sleep: bool = False
     """Sleep (level 1) between rollouts, wake up before the next use."""
     lora_rank: int = 0
-    """vLLM's max_lora_rank for native LoRA; 0: full weights, or LoRA merged on the receiving side."""
+    """The adapter's rank for the engine's native LoRA; 0: full weights, or LoRA merged on the receiving side."""
 
 
 def engine_modes(cfg: Config, placement_mode: str | None) -> EngineModes:
@@ -41,4 +41,4 @@ def engine_modes(cfg: Config, placement_mode: str | None) -> EngineModes:
         sleep = r.sleep_mode == "always"
     lora = cfg.learner.lora
     native = r.backend == "vllm" and (r.lora_mode == "native" or (r.lora_mode == "auto" and lora.enabled and r.use_gpu))
-    return EngineModes(sleep=sleep, lora_rank=vllm_lora_rank(lora.r) if native and lora.enabled else 0)
+    return EngineModes(sleep=sleep, lora_rank=lora.r if native and lora.enabled else 0)

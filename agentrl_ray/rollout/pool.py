@@ -15,13 +15,13 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from agentrl_ray.config import Config
+from agentrl_ray.infra.threads import ThreadPolicy
+from agentrl_ray.rollout.backends import engine_process_env
 from agentrl_ray.rollout.deadlines import Deadlines
-from agentrl_ray.rollout.engine import engine_process_env
 from agentrl_ray.rollout.engine_modes import engine_modes
 from agentrl_ray.rollout.recovery import ActorFailed, Recovery, RestartableEnvHost
 from agentrl_ray.rollout.worker import RolloutWorker
 from agentrl_ray.sync.collective import collective_backend
-from agentrl_ray.threads import ThreadPolicy
 from agentrl_ray.types import RolloutTimings, TrajectoryGroup, WeightUpdate
 
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentrl_ray.allocator import allocator_env, release_freed_memory
+from agentrl_ray.infra.allocator import allocator_env, release_freed_memory
 from agentrl_ray.rollout.engine import Generation
 
 if TYPE_CHECKING:

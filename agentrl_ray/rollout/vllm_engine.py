@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentrl_ray.allocator import allocator_env, release_freed_memory
-from agentrl_ray.hardware import emulated_bf16_warning, this_cpu
+from agentrl_ray.infra.allocator import allocator_env, release_freed_memory
+from agentrl_ray.infra.hardware import emulated_bf16_warning, this_cpu
 from agentrl_ray.rollout.engine import Generation
 
 if TYPE_CHECKING:
@@ -238,7 +238,7 @@ class VLLMEngine:
             enable_prefix_caching=cfg.enable_prefix_caching,
             engine_kwargs=cfg.engine_kwargs,
             sleep=modes.sleep,
-            lora_rank=modes.lora_rank,
+            lora_rank=vllm_lora_rank(modes.lora_rank) if modes.lora_rank else 0,
             kv_cache_bytes=kv_bytes,
         )
 

@@ -15,20 +15,20 @@ from typing import Any
 
 import torch
 
-from agentrl_ray.allocator import release_freed_memory
 from agentrl_ray.chat_format import prompt_messages
 from agentrl_ray.config import EnvConfig, ModelConfig, RewardConfig, RolloutConfig
-from agentrl_ray.envs.base import env_class as make_env_class
-from agentrl_ray.envs.base import tool_schemas
 from agentrl_ray.envs.client import EnvClient
+from agentrl_ray.envs.loading import env_class as make_env_class
+from agentrl_ray.envs.tools import tool_schemas
+from agentrl_ray.infra.allocator import release_freed_memory
+from agentrl_ray.infra.threads import ThreadPolicy
 from agentrl_ray.rewards import load_reward_functions, score
 from agentrl_ray.rewards.scoring import RewardState
 from agentrl_ray.rollout.agent_loop import Episode, run_episodes
-from agentrl_ray.rollout.engine import make_engine
+from agentrl_ray.rollout.backends import make_engine
 from agentrl_ray.rollout.engine_modes import EngineModes
 from agentrl_ray.sync.collective import CollectiveBackend
 from agentrl_ray.sync.receiver import WeightReceiver
-from agentrl_ray.threads import ThreadPolicy
 from agentrl_ray.types import RolloutTimings, Trajectory, TrajectoryGroup, WeightUpdate, role_masks
 
 log = logging.getLogger("agentrl_ray")

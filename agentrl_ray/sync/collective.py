@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from agentrl_ray.config import Config
-from agentrl_ray.threads import ThreadPolicy
+from agentrl_ray.infra.threads import ThreadPolicy
 from agentrl_ray.types import TensorMeta, WeightUpdate
 
 TIMEOUT = datetime.timedelta(minutes=10)

@@ -1,6 +1,6 @@
-"""The grid task: walk from a start cell to a goal cell with `move(direction)` (`agentrl_ray.envs.grid.GridEnv`).
+"""The grid task: walk from a start cell to a goal cell with `move(direction)` (`envs.builtin.grid.GridEnv`).
 
-The grid's dynamics live here too (`step`, `observation`), shared by `envs.grid.GridEnv` and the warm-up walks.
+The grid's dynamics live here too (`step`, `observation`), shared by `envs.builtin.grid.GridEnv` and the warm-up walks.
 Prompts read "You are at 1,3. Go to 3,2: 2 east 1 south." with the goal 1 to 3 moves away (Manhattan distance) on a
 5 x 5 grid; every observation gives the new cell and where the goal now lies ("at 2,3, goal 1 east 1 south"). Rows
 carry `start` and `goal` ("x,y") for the environment. Train and eval (start, goal) pairs never overlap: a pair belongs

@@ -1,4 +1,4 @@
-"""`agentrl-ray traces convert`: rollouts or agent logs -> datasets (`agentrl-ray sft` is in `agentrl_ray/sft.py`).
+"""`agentrl-ray traces convert`: rollouts or agent logs -> datasets (`agentrl-ray sft` is `sft.py`).
 
 agentrl-ray traces convert runs/calculator/rollouts --format sft --out data/calc_sft
 agentrl-ray traces convert agent_logs.jsonl --format preference --out data/calc_dpo

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import agentrl_ray
-from agentrl_ray.envs.calculator import evaluate, format_number
+from agentrl_ray.envs.builtin.calculator import evaluate, format_number
 from agentrl_ray.rewards import answer_match
 
 

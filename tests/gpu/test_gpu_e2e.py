@@ -73,8 +73,8 @@ def test_default_task_trains_colocated_on_one_gpu(local_ray, builtin_model_path,
     """20 steps of the default task on the GPU profile (DeepSpeed ZeRO-2 learner), engine and learner on one GPU:
     it learns, after every IPC sync the engine's greedy tokens equal transformers on the pushed weights, and a
     resume continues from the checkpoint."""
-    from agentrl_ray.config import load_config
     from agentrl_ray.driver import train
+    from agentrl_ray.infra.profiles import load_config
 
     overrides = [
         "profile=gpu",

@@ -47,8 +47,8 @@ BASE = [
 
 def _train_and_keep_engines(overrides: list[str], model_path: str, tmp_path: Path, name: str):
     """Train with a RolloutPool the test owns; returns (cfg, metrics, pool) - the caller shuts the pool down."""
-    from agentrl_ray.config import load_config
     from agentrl_ray.driver import train
+    from agentrl_ray.infra.profiles import load_config
     from agentrl_ray.rollout.pool import RolloutPool
 
     cfg = load_config(None, [*BASE, *overrides, f"run.output_dir={tmp_path}", f"run.name={name}"])
@@ -92,8 +92,8 @@ def test_engine_sleeps_between_rollouts_and_wakes_with_its_weights(local_ray, bu
     the same weights (greedy tokens equal)."""
     from transformers import AutoTokenizer
 
-    from agentrl_ray.config import load_config
     from agentrl_ray.data import load_rows
+    from agentrl_ray.infra.profiles import load_config
     from agentrl_ray.rollout.pool import RolloutPool
 
     cfg = load_config(None, [*BASE, "rollout.sleep_mode=always", "rollout.gpu_memory_utilization=0.3"])

@@ -15,8 +15,8 @@ pytestmark = [
 
 
 def test_gpu_profile_trains_and_syncs(local_ray, builtin_model_path, tmp_path):
-    from agentrl_ray.config import load_config
     from agentrl_ray.driver import train
+    from agentrl_ray.infra.profiles import load_config
 
     cfg = load_config(
         None,

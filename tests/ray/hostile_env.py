@@ -6,7 +6,7 @@ import os
 import time
 import zlib
 
-from agentrl_ray.envs.calculator import CalculatorEnv
+from agentrl_ray.envs.builtin.calculator import CalculatorEnv
 
 
 class Unprintable:

@@ -19,8 +19,8 @@ import torch
 from builders import TINY_RUN
 from safetensors.torch import load_file
 
-from agentrl_ray.config import load_config
 from agentrl_ray.driver import train
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.pool import RolloutPool
 
 pytestmark = pytest.mark.slow
@@ -66,7 +66,7 @@ def _final_weights(run_dir):
 
 
 def _model_path(cfg):
-    from agentrl_ray.driver import resolve_model
+    from agentrl_ray.builtin.resolve import resolve_model
 
     return resolve_model(cfg.model.path)
 
@@ -311,6 +311,6 @@ def test_a_killed_driver_process_resumes_bit_identical(reference, tmp_path):
     assert f"checkpoint_{STEPS:06d}" not in done_before, "the run ended before the kill: nothing to resume"
     done = subprocess.run([*cli, "run.resume=true"], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    print("\n".join(line for line in done.stderr.splitlines() if "agentrl_ray.resume" in line))  # what resume did
+    print("\n".join(line for line in done.stderr.splitlines() if "agentrl_ray.run.resume" in line))  # what resume did
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     _check_same_run(reference, _final_weights(run_dir), records, "driver SIGKILL, then run.resume=true")

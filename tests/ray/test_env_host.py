@@ -9,7 +9,7 @@ import ray
 from agentrl_ray.chat_format import ToolCall, parse_tool_calls
 from agentrl_ray.envs.host import EnvHost, ToolResult
 
-CALCULATOR = "agentrl_ray.envs.calculator:CalculatorEnv"
+CALCULATOR = "agentrl_ray.envs.builtin.calculator:CalculatorEnv"
 
 
 class FlakyEnv:

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from agentrl_ray.config import load_config
 from agentrl_ray.driver import train
+from agentrl_ray.infra.profiles import load_config
 
 pytestmark = pytest.mark.slow
 

@@ -41,7 +41,7 @@ from agentrl_ray.chat_format import (
     tool_response_segments,
 )
 from agentrl_ray.envs.host import EnvHost, ToolResult
-from agentrl_ray.envs.sandbox import network_isolation_available
+from agentrl_ray.envs.isolation.sandbox import network_isolation_available
 from agentrl_ray.types import TokenRole, Trajectory, TrajectoryGroup, role_masks
 
 pytestmark = [
@@ -50,7 +50,7 @@ pytestmark = [
     pytest.mark.skipif(not network_isolation_available(), reason="no network namespace here"),
 ]
 
-CODE_EXEC = "agentrl_ray.envs.code_exec:CodeExecutionEnv"
+CODE_EXEC = "agentrl_ray.envs.builtin.code_exec:CodeExecutionEnv"
 # Modest limits keep the hostile runs short. One set for every instance, as one run's env.kwargs would be; the CPU
 # limit sits above the wall clock so that loops always end by the (deterministic) wall-clock kill.
 LIMITS = {"wall_time_s": 4.0, "cpu_time_s": 8, "max_processes": 8}
@@ -226,7 +226,7 @@ def rollout_logprobs(model_path: str, sequences: list[list[int]]) -> list[list[f
     """What the rollout engine would have reported: log-probs under the same weights (policy version 0)."""
     from transformers import AutoModelForCausalLM
 
-    from agentrl_ray.algorithms import token_logprobs_and_entropy
+    from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     out = []
@@ -239,7 +239,8 @@ def rollout_logprobs(model_path: str, sequences: list[list[int]]) -> list[list[f
 
 
 def build_groups(tokenizer, model_path: str, batch: list[Rollout], results: dict, max_tokens: int) -> list:
-    from agentrl_ray.envs.base import load_env_class, tool_schemas
+    from agentrl_ray.envs.loading import load_env_class
+    from agentrl_ray.envs.tools import tool_schemas
 
     tools = tool_schemas(load_env_class(CODE_EXEC))
     members = {"probe-0": batch[0::2], "probe-1": batch[1::2]}  # each group mixes hostile and benign samples
@@ -279,8 +280,8 @@ def learner_step(config: dict) -> None:
     """Ray Train worker: one real `update()`; reports its metrics and how many parameter tensors moved."""
     import ray.train
 
-    from agentrl_ray.learner.loop import update
     from agentrl_ray.learner.policy import Policy
+    from agentrl_ray.learner.update import update
 
     cfg = config["config"]
     torch.manual_seed(0)
@@ -308,7 +309,7 @@ def run_learner(groups: list[TrajectoryGroup], cfg, model_path: str, pad_id: int
 def test_training_step_with_hostile_rollouts_completes(local_ray, builtin_model_path, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
-    from agentrl_ray.config import load_config
+    from agentrl_ray.infra.profiles import load_config
 
     secret = secrets.token_hex(16)
     monkeypatch.setenv(SECRET_NAME, secret)  # the trainer's own environment holds it too
@@ -351,6 +352,6 @@ def test_training_step_with_hostile_rollouts_completes(local_ray, builtin_model_
     metrics = run_learner(groups, cfg, builtin_model_path, tokenizer.pad_token_id, tmp_path)
     losses = {k: v for k, v in metrics.items() if k.startswith("loss/")}
     assert losses and all(math.isfinite(v) for v in losses.values()), losses
-    assert losses["loss/world_loss"] > 0 and losses["loss/grad_norm"] > 0
+    assert losses["loss/echo_ce"] > 0 and losses["loss/grad_norm"] > 0
     assert losses["loss/mismatch_abs"] < 1e-3  # the learner scored exactly the tokens the trajectories hold
     assert metrics["tensors_changed"] == metrics["tensors"], metrics  # every parameter tensor took the step

@@ -10,8 +10,8 @@ import pytest
 import ray
 import torch
 
-from agentrl_ray.config import load_config
 from agentrl_ray.driver import train
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.recovery import RestartableEnvHost
 from agentrl_ray.rollout.worker import RolloutWorker
 
@@ -103,7 +103,7 @@ def test_sync_across_nodes_makes_the_engine_equal_to_the_sender(cluster, builtin
     """The test process (on the head node) plays learner rank 0; the engine runs on the rollout node."""
     from transformers import AutoModelForCausalLM
 
-    from agentrl_ray.cluster import apply_plan, plan_for_cluster, reserve
+    from agentrl_ray.infra.cluster import apply_plan, plan_for_cluster, reserve
     from agentrl_ray.rollout.pool import RolloutPool
     from agentrl_ray.sync.collective import collective_backend
     from agentrl_ray.sync.sender import CollectiveSender, ObjectStoreSender
@@ -142,8 +142,8 @@ def test_hub_model_is_one_snapshot_on_every_node(cluster, builtin_model_path, tm
     snapshot at the same path."""
     import shutil
 
-    from agentrl_ray.cluster import ensure_model_on_nodes, plan_for_cluster
-    from agentrl_ray.driver import resolve_model
+    from agentrl_ray.builtin.resolve import resolve_model
+    from agentrl_ray.infra.cluster import ensure_model_on_nodes, plan_for_cluster
 
     commit = "fedcba9876543210fedcba9876543210fedcba98"
     repo = tmp_path / "hub" / "models--agentrl--tiny-calculator"

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from agentrl_ray.config import load_config
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.learner.policy import lora_tensors
 from agentrl_ray.rollout.pool import RolloutPool
 from agentrl_ray.sync.sender import ObjectStoreSender

@@ -18,13 +18,14 @@ import pytest
 import ray
 from test_chaos import SMALL, _check_same_run, _final_weights, _pids, _report
 
-from agentrl_ray.cluster import apply_plan, plan_for_cluster, reserve
-from agentrl_ray.config import load_config
-from agentrl_ray.driver import resolve_model, train
+from agentrl_ray.builtin.resolve import resolve_model
+from agentrl_ray.driver import train
+from agentrl_ray.infra.cluster import apply_plan, plan_for_cluster, reserve
+from agentrl_ray.infra.profiles import load_config
+from agentrl_ray.infra.threads import ThreadPolicy
 from agentrl_ray.rollout.pool import RolloutPool
 from agentrl_ray.rollout.recovery import RestartableEnvHost
 from agentrl_ray.rollout.worker import RolloutWorker
-from agentrl_ray.threads import ThreadPolicy
 
 pytestmark = pytest.mark.slow
 
@@ -124,7 +125,7 @@ def test_each_pinned_bundle_lands_on_its_planned_node(cluster):
     (were the selector ignored, PACK would put all of them on one)."""
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-    from agentrl_ray.cluster import pin
+    from agentrl_ray.infra.cluster import pin
 
     plan = plan_for_cluster(load_config(None, NODE_LOSS))
     workers = [n.node_id for n in plan.nodes if n.cpus > 0]

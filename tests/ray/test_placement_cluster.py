@@ -7,9 +7,9 @@ import time
 import pytest
 import ray
 
-from agentrl_ray.cluster import apply_plan, learner_scaling, plan_for_cluster, reserve
-from agentrl_ray.config import load_config
-from agentrl_ray.placement import PlacementError
+from agentrl_ray.infra.cluster import apply_plan, learner_scaling, plan_for_cluster, reserve
+from agentrl_ray.infra.placement import PlacementError
+from agentrl_ray.infra.profiles import load_config
 
 pytestmark = pytest.mark.slow
 

@@ -55,7 +55,8 @@ import sys
 import psutil
 import ray
 from agentrl_ray import driver
-from agentrl_ray.config import ConfigError, load_config
+from agentrl_ray.config import ConfigError
+from agentrl_ray.infra.profiles import load_config
 
 cfg = load_config(sys.argv[1], sys.argv[2:])
 try:
@@ -85,12 +86,12 @@ LOCAL_RAY = """
 import sys, time
 import psutil
 import ray
-from agentrl_ray import driver
-from agentrl_ray.config import load_config
-from agentrl_ray.threads import ThreadPolicy
+from agentrl_ray.infra.local_ray import init_ray
+from agentrl_ray.infra.profiles import load_config
+from agentrl_ray.infra.threads import ThreadPolicy
 
 cfg = load_config(sys.argv[1], [])
-driver.init_ray(cfg, ThreadPolicy.of(cfg))
+init_ray(cfg, ThreadPolicy.of(cfg))
 time.sleep(4)  # the raylet starts prestarted workers as the first driver connects
 names = sorted(p.name() for p in psutil.Process().children(recursive=True))
 print("children:", names)

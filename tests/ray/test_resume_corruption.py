@@ -8,8 +8,8 @@ import pytest
 import torch
 from builders import TINY_RUN
 
-from agentrl_ray.config import load_config
 from agentrl_ray.driver import SNAPSHOT, train
+from agentrl_ray.infra.profiles import load_config
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from agentrl_ray.config import load_config
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.pool import RolloutPool
 from agentrl_ray.sync.sender import IpcSender
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl_ray.config import load_config
 from agentrl_ray.driver import train
+from agentrl_ray.infra.profiles import load_config
 
 pytestmark = pytest.mark.slow
 

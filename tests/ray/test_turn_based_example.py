@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_ray.config import load_config
 from agentrl_ray.driver import train
+from agentrl_ray.infra.profiles import load_config
 
 pytestmark = pytest.mark.slow
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "conversation"

@@ -13,11 +13,11 @@ import time
 import pytest
 import torch
 
-from agentrl_ray.config import load_config
 from agentrl_ray.driver import train
-from agentrl_ray.evaluate import evaluate_checkpoint
-from agentrl_ray.export import export
-from agentrl_ray.inference import Agent
+from agentrl_ray.infra.profiles import load_config
+from agentrl_ray.trained.evaluate import evaluate_checkpoint
+from agentrl_ray.trained.export import export
+from agentrl_ray.trained.inference import Agent
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +50,8 @@ def runs(local_ray, builtin_model_path, tmp_path_factory):
 
 
 def _prompts(tokenizer, n=8):
-    from agentrl_ray.envs.base import tool_schemas
-    from agentrl_ray.envs.calculator import CalculatorEnv
+    from agentrl_ray.envs.builtin.calculator import CalculatorEnv
+    from agentrl_ray.envs.tools import tool_schemas
 
     questions = [f"What is {a} {op} {b}?" for a, op, b in [(347, "*", 29), (12, "+", 980), (500, "-", 123)]]
     questions += ["What is 17 * 23?", "Hello", "What is 999 + 1?", "Compute 45 * 45.", "What is 1000 - 1?"]

@@ -20,8 +20,9 @@ import pytest
 import ray
 from builders import TINY_RUN
 
-from agentrl_ray.config import load_config
-from agentrl_ray.driver import resolve_model, train
+from agentrl_ray.builtin.resolve import resolve_model
+from agentrl_ray.driver import train
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.pool import RolloutPool
 from agentrl_ray.types import RunStopped
 

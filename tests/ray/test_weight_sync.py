@@ -10,8 +10,8 @@ import pytest
 import ray
 import torch
 
-from agentrl_ray.allocator import allocator_env
-from agentrl_ray.config import load_config
+from agentrl_ray.infra.allocator import allocator_env
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.pool import RolloutPool, sequences_per_engine
 from agentrl_ray.rollout.vllm_engine import kv_bytes_per_token
 from agentrl_ray.sync.collective import collective_backend

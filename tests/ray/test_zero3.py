@@ -20,8 +20,8 @@ import torch
 from engine_checks import assert_engines_hold, load_hf
 from safetensors.torch import load_file
 
-from agentrl_ray.config import load_config
 from agentrl_ray.driver import train
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.pool import RolloutPool
 
 pytestmark = pytest.mark.slow
@@ -79,7 +79,7 @@ def test_zero3_trains_syncs_saves_and_resumes(local_ray, builtin_model_path, tmp
     finally:
         pool.shutdown()
     assert metrics["samples"] == 2 * 4 * 4
-    assert torch.isfinite(torch.tensor(metrics["eval/env_token_ce"]))  # the eval forward ran on both ranks
+    assert torch.isfinite(torch.tensor(metrics["eval/echo_ce"]))  # the eval forward ran on both ranks
 
     saved = _weights(ckpt2 / "model")
     model, info = AutoModelForCausalLM.from_pretrained(ckpt2 / "model", output_loading_info=True)

@@ -65,7 +65,7 @@ def tok(builtin_model_path):
 
 def _run(tok, turns, cfg):
     host = EnvHost(tool_timeout_s=5)
-    envs = EnvClient([LocalHandle(host)], "agentrl_ray.envs.calculator:CalculatorEnv", {})
+    envs = EnvClient([LocalHandle(host)], "agentrl_ray.envs.builtin.calculator:CalculatorEnv", {})
     prompt = tok.encode(
         "<|im_start|>user\nWhat is 12 * 34?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
     )

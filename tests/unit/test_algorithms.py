@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 
-from agentrl_ray import algorithms
 from agentrl_ray.algorithms import (
     LossNorm,
     compute_advantages,
@@ -15,9 +14,10 @@ from agentrl_ray.algorithms import (
     echo_coeff_at,
     overlong_penalty,
     sequence_level_ratio,
-    token_logprobs_and_entropy,
 )
 from agentrl_ray.config import AlgorithmConfig, EchoConfig
+from agentrl_ray.learner import logprobs
+from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
 from agentrl_ray.types import TrainBatch
 
 LN2 = math.log(2.0)
@@ -47,7 +47,7 @@ def test_loss_norm_counts():
     assert norm_of(batch, 4.0, 2) == LossNorm(3.0, 2.0, 1.0, 1.0, 4.0, 2)
 
 
-def loss_and_grad(logprobs, batch, cfg, norm=None, *, old=None, world_coeff=0.0, ref=None, entropy=None, echo=None):
+def loss_and_grad(logprobs, batch, cfg, norm=None, *, old=None, echo_coeff=0.0, ref=None, entropy=None, echo=None):
     lp = torch.tensor(logprobs, dtype=torch.float32, requires_grad=True)
     old = lp.detach().clone() if old is None else torch.tensor(old, dtype=torch.float32)
     ref = None if ref is None else torch.tensor(ref, dtype=torch.float32)
@@ -58,7 +58,7 @@ def loss_and_grad(logprobs, batch, cfg, norm=None, *, old=None, world_coeff=0.0,
         cfg,
         norm or norm_of(batch),
         old_logprobs=old,
-        world_coeff=world_coeff,
+        echo_coeff=echo_coeff,
         echo=echo,
         ref_logprobs=ref,
     )
@@ -96,7 +96,7 @@ def _reference_logprobs(logits, ids, temperature=1.0):
 
 def test_token_logprobs_chunked_forward_and_backward_match_log_softmax(monkeypatch):
     # Chunks of 2 positions (vocab 5, 10 elements) to cross chunk and row boundaries.
-    monkeypatch.setattr(algorithms, "CHUNK_ELEMENTS", 10)
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 10)
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 7, 5, generator=g, dtype=torch.float64, requires_grad=True)
     ids = torch.randint(0, 5, (3, 7), generator=g)
@@ -337,14 +337,14 @@ def test_echo_normalization(mode, value, g0, g1):
     batch = make_batch([[0, 0, 0, 1]] * 3, [0.0, 0.0, 0.0], env_mask=ECHO_ENV)
     echo = EchoConfig(coeff=0.5, normalization=mode)
     norm = norm_of(batch, norm_constant=4.0)
-    loss, grad, m = loss_and_grad(ECHO_LOGP, batch, AlgorithmConfig(), norm, world_coeff=0.5, echo=echo)
+    loss, grad, m = loss_and_grad(ECHO_LOGP, batch, AlgorithmConfig(), norm, echo_coeff=0.5, echo=echo)
     assert loss == pytest.approx(value)
     expected = torch.zeros(3, 4)
     expected[0, 1:3] = g0
     expected[1, 2] = g1
     torch.testing.assert_close(grad, expected)
-    assert m["world_loss"] == pytest.approx(3.0)  # (1 + 3 + 5) / 3
-    assert m["world_loss_weighted"] == pytest.approx(value) and m["env_tokens"] == 3.0
+    assert m["echo_ce"] == pytest.approx(3.0)  # (1 + 3 + 5) / 3
+    assert m["echo_weighted"] == pytest.approx(value) and m["env_tokens"] == 3.0
 
 
 def test_echo_only_ignores_rewards():
@@ -354,17 +354,17 @@ def test_echo_only_ignores_rewards():
     for adv in ([1.0, -2.0, 0.5], [7.0, 3.0, -9.0]):
         batch = make_batch([[0, 0, 0, 1]] * 3, adv, env_mask=ECHO_ENV)
         old = [[0.0, 0.0, 0.0, 1.0]] * 3  # PPO ratio far from 1, so a policy term would show
-        results.append(loss_and_grad(ECHO_LOGP, batch, cfg, old=old, world_coeff=0.5, echo=echo))
+        results.append(loss_and_grad(ECHO_LOGP, batch, cfg, old=old, echo_coeff=0.5, echo=echo))
     assert results[0][0] == pytest.approx(1.5) and results[1][0] == pytest.approx(1.5)
     torch.testing.assert_close(results[0][1], results[1][1])
     assert results[0][1][:, 3].abs().sum() == 0  # action tokens get no gradient
 
 
-def test_world_coeff_zero_leaves_policy_loss_alone():
+def test_echo_coeff_zero_leaves_policy_loss_alone():
     batch = make_batch(**AGG_BATCH, env_mask=[[1, 0, 0, 0], [0, 0, 1, 1]])
-    value, grad, m = loss_and_grad(AGG_LOGP, batch, AlgorithmConfig(), world_coeff=0.0)
+    value, grad, m = loss_and_grad(AGG_LOGP, batch, AlgorithmConfig(), echo_coeff=0.0)
     assert value == pytest.approx(-0.25) and grad[1, 2:].abs().sum() == 0
-    assert m["world_loss"] == pytest.approx((0.0 + 0.1 + 0.1) / 3)  # still reported
+    assert m["echo_ce"] == pytest.approx((0.0 + 0.1 + 0.1) / 3)  # still reported
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -442,7 +442,7 @@ def _step_loss(logits, batch, old, ref, cfg, echo, world: int, micro: int, rows_
                 cfg,
                 norm,
                 old_logprobs=old[chunk][:, :t],
-                world_coeff=0.7,
+                echo_coeff=0.7,
                 echo=echo,
                 ref_logprobs=ref[chunk][:, :t],
             )

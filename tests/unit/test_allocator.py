@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from agentrl_ray.allocator import USER_SETTINGS, allocator_env, user_allocator_settings
+from agentrl_ray.infra.allocator import USER_SETTINGS, allocator_env, user_allocator_settings
 from agentrl_ray.rollout.vllm_engine import vllm_env
 
 # 24 x a 39 MB float32 tensor (64 x 151,936 logits), in a thread other than the main one, as in a Ray actor, after
@@ -18,7 +18,7 @@ from agentrl_ray.rollout.vllm_engine import vllm_env
 _FAULTS = textwrap.dedent(
     """
     import json, resource, threading, torch
-    from agentrl_ray.allocator import release_freed_memory
+    from agentrl_ray.infra.allocator import release_freed_memory
     out = {}
     def steps():
         for _ in range(3):  # the heap reaches its high-water mark
@@ -40,7 +40,7 @@ _FAULTS = textwrap.dedent(
 _RELEASE = textwrap.dedent(
     """
     import json, threading, torch
-    from agentrl_ray.allocator import release_freed_memory
+    from agentrl_ray.infra.allocator import release_freed_memory
     def rss_mib():
         for line in open("/proc/self/status"):
             if line.startswith("VmRSS:"):
@@ -136,8 +136,8 @@ def test_a_cpu_engine_gets_the_settings_a_gpu_engine_does_not(no_user_allocator)
 
 
 def test_a_cpu_learner_gets_the_settings_a_gpu_learner_does_not(no_user_allocator, tmp_path):
-    from agentrl_ray.config import load_config
     from agentrl_ray.driver import learner_run_config
+    from agentrl_ray.infra.profiles import load_config
 
     cpu = learner_run_config(load_config(None, ["profile=cpu"]), str(tmp_path))
     gpu = learner_run_config(load_config(None, ["profile=cpu", "learner.use_gpu=true"]), str(tmp_path))

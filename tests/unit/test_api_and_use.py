@@ -12,14 +12,16 @@ from builders import trajectory
 
 from agentrl_ray.api import build_config
 from agentrl_ray.chat_format import ToolCall, parse_tool_calls, prompt_messages
-from agentrl_ray.config import ConfigError, load_config
-from agentrl_ray.envs.base import BY_VALUE, env_class, import_object, object_spec, tool_schemas
-from agentrl_ray.envs.calculator import CalculatorEnv
+from agentrl_ray.config import ConfigError
+from agentrl_ray.envs.builtin.calculator import CalculatorEnv
 from agentrl_ray.envs.host import EnvHost
-from agentrl_ray.eval_stats import bootstrap_interval, pass_at_k
-from agentrl_ray.evaluate import summarize
-from agentrl_ray.inference import transcript
+from agentrl_ray.envs.loading import BY_VALUE, env_class, import_object, object_spec
+from agentrl_ray.envs.tools import tool_schemas
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.messages import assistant_message, to_openai, tool_messages
+from agentrl_ray.rewards.eval_stats import bootstrap_interval, pass_at_k
+from agentrl_ray.trained.evaluate import summarize
+from agentrl_ray.trained.inference import transcript
 from agentrl_ray.types import TrajectoryGroup
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +39,7 @@ def add(a: int, b: int = 1) -> int:
 
 def test_object_spec_prefers_import_paths_and_ships_the_rest_by_value():
     assert object_spec(add, "tool") == f"{__name__}:add"
-    assert object_spec(CalculatorEnv, "environment") == "agentrl_ray.envs.calculator:CalculatorEnv"
+    assert object_spec(CalculatorEnv, "environment") == "agentrl_ray.envs.builtin.calculator:CalculatorEnv"
 
     def local(x: str) -> str:
         """Echo."""
@@ -55,7 +57,7 @@ def test_functions_become_tools_alone_or_beside_an_environment():
     (schema,) = tool_schemas(only)
     assert schema["function"]["name"] == "add"
     assert schema["function"]["parameters"]["required"] == ["a"]
-    both = env_class("agentrl_ray.envs.calculator:CalculatorEnv", (f"{__name__}:add",))
+    both = env_class("agentrl_ray.envs.builtin.calculator:CalculatorEnv", (f"{__name__}:add",))
     assert [t["function"]["name"] for t in tool_schemas(both)] == ["add", "calculator"]
 
     async def call():
@@ -65,7 +67,7 @@ def test_functions_become_tools_alone_or_beside_an_environment():
 
     assert asyncio.run(call())[0].text == "7"
     with pytest.raises(ValueError, match="the name is taken"):
-        env_class("agentrl_ray.envs.calculator:CalculatorEnv", (f"{__name__}:calculator_clash",))
+        env_class("agentrl_ray.envs.builtin.calculator:CalculatorEnv", (f"{__name__}:calculator_clash",))
 
 
 def calculator_clash():
@@ -166,8 +168,8 @@ def test_summarize_and_openai_transcripts():
 def test_ollama_template_lists_the_trained_tools_and_the_call_format():
     from transformers import AutoTokenizer
 
-    from agentrl_ray.builtin_model import ensure_builtin_model
-    from agentrl_ray.gguf_convert import modelfile, ollama_template, tools_block
+    from agentrl_ray.builtin.model import ensure_builtin_model
+    from agentrl_ray.trained.gguf_convert import modelfile, ollama_template, tools_block
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_builtin_model())
     block = tools_block(tokenizer, tool_schemas(CalculatorEnv))

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl_ray import builtin_model
-from agentrl_ray.builtin_model import calculator_tools, ensure_builtin_model
+from agentrl_ray.builtin import model as builtin_model
+from agentrl_ray.builtin import recipe as recipes
+from agentrl_ray.builtin.model import calculator_tools, ensure_builtin_model
 from agentrl_ray.chat_format import encode_segments, extract_final_answer, parse_tool_calls, tool_response_segments
-from agentrl_ray.envs.calculator import CalculatorEnv
+from agentrl_ray.envs.builtin.calculator import CalculatorEnv
 from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 from agentrl_ray.types import TokenRole
 
@@ -83,7 +84,7 @@ def test_build_is_cached_and_loadable(built):
     assert model.get_output_embeddings().weight.shape[0] == len(tokenizer)
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id
-    for special in builtin_model.SPECIAL_TOKENS:
+    for special in recipes.SPECIAL_TOKENS:
         assert tokenizer.encode(special, add_special_tokens=False) == [tokenizer.convert_tokens_to_ids(special)]
 
 
@@ -261,6 +262,6 @@ def test_warm_start_sometimes_calls_the_tool_and_copies_when_it_does(built):
 def test_config_knows_every_builtin_size():
     from agentrl_ray.config import BUILTIN_MODELS
 
-    assert set(BUILTIN_MODELS) == set(builtin_model.RECIPES)
+    assert set(BUILTIN_MODELS) == set(recipes.RECIPES)
     with pytest.raises(ValueError, match="unknown built-in model size 'huge'"):
         builtin_model.ensure_builtin_model(size="huge")

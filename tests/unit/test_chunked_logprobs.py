@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from agentrl_ray import chunked_logprobs
-from agentrl_ray.algorithms import token_logprobs_and_entropy
-from agentrl_ray.chunked_logprobs import chunk_tokens_for, hidden_token_logprobs
+from agentrl_ray.learner import chunked_logprobs
+from agentrl_ray.learner.chunked_logprobs import chunk_tokens_for, hidden_token_logprobs
+from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
 
 
 def _case(dtype, bsz=3, seqlen=9, width=16, vocab=50, seed=0):

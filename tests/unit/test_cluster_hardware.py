@@ -3,10 +3,10 @@
 
 import pytest
 
-from agentrl_ray.cluster_hardware import hardware_from_nodes, is_this_machine
-from agentrl_ray.placement import make_plan, nodes_from_ray
-from agentrl_ray.profiles import profile_preset, resolve_profile
-from agentrl_ray.sizing import cpus_requested
+from agentrl_ray.infra.cluster_hardware import hardware_from_nodes, is_this_machine
+from agentrl_ray.infra.placement import make_plan, nodes_from_ray
+from agentrl_ray.infra.profiles import profile_preset, resolve_profile
+from agentrl_ray.infra.sizing import cpus_requested
 
 GIB = 2**30
 
@@ -44,7 +44,8 @@ def test_cpu_only_cluster_resolves_to_cpu_and_dead_nodes_do_not_count():
 def test_cpu_requests_fit_the_largest_node_not_the_driver():
     # A 2-core laptop driver joined to a cluster of 16-core nodes: requests sized for 16 cores, and the plan places
     # them (each actor's request fits one node).
-    from agentrl_ray.config import Config, _build, validate
+    from agentrl_ray.config import Config, validate
+    from agentrl_ray.config.checking import build as _build
 
     nodes = [node(2, head=True), node(16, 0, 32), node(16, 0, 32, node_id="b")]
     hw = hardware_from_nodes(nodes)

@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from agentrl_ray.envs.base import load_env_class, tool_schemas
-from agentrl_ray.envs.code_exec import CodeExecutionEnv, final_code
+from agentrl_ray.envs.builtin.code_exec import CodeExecutionEnv, final_code
+from agentrl_ray.envs.loading import load_env_class
+from agentrl_ray.envs.tools import tool_schemas
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -29,7 +30,7 @@ def make_env(tests: str, entry_point: str | None = None, **limits) -> CodeExecut
 
 
 def test_contract_tools_are_run_python_only():
-    cls = load_env_class("agentrl_ray.envs.code_exec:CodeExecutionEnv")
+    cls = load_env_class("agentrl_ray.envs.builtin.code_exec:CodeExecutionEnv")
     assert [s["function"]["name"] for s in tool_schemas(cls)] == ["run_python"]
 
 

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_ray.config import ConfigError, load_config, parse_overrides
-from agentrl_ray.profiles import Hardware, profile_preset, resolve_profile
-from agentrl_ray.threads import ThreadPolicy, default_threads
+from agentrl_ray.config import ConfigError, parse_overrides
+from agentrl_ray.infra.profiles import Hardware, load_config, profile_preset, resolve_profile
+from agentrl_ray.infra.threads import ThreadPolicy, default_threads
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(ROOT.glob("examples/**/*.yaml"))

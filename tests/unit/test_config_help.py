@@ -6,7 +6,7 @@ import typing
 
 from agentrl_ray import config
 from agentrl_ray.cli import main
-from agentrl_ray.config_help import describe, field_docs
+from agentrl_ray.config.help import describe, field_docs
 
 
 def _config_classes():

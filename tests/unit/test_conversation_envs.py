@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from agentrl_ray.envs.base import tool_methods
 from agentrl_ray.envs.host import EnvHost, TurnResult
+from agentrl_ray.envs.tools import tool_methods
 from examples.conversation.env import ScriptedUserEnv
 from examples.task_actions.env import ActionTaskEnv
 
@@ -81,7 +81,7 @@ def test_env_host_call_turn_rewards_and_failures():
             await host.create(mode, f"{__name__}:BrokenStepEnv", {}, {"mode": mode})
             results[mode] = await host.call_turn(mode, "go")
         fine_reward = await host.env_reward("fine", "")
-        await host.create("calc", "agentrl_ray.envs.calculator:CalculatorEnv", {}, {})
+        await host.create("calc", "agentrl_ray.envs.builtin.calculator:CalculatorEnv", {}, {})
         with pytest.raises(TypeError, match="no step\\(text\\): it is a tool environment"):
             await host.call_turn("calc", "2+2")
         return turns, chat_reward, results, fine_reward, host.stats()

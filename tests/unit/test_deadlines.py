@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl_ray.config import ConfigError, load_config
+from agentrl_ray.config import ConfigError
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.deadlines import Deadlines
 
 

@@ -3,7 +3,7 @@ sets fails with a clear message before the engine starts (checked against vLLM's
 
 import pytest
 
-from agentrl_ray.config import load_config
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.vllm_engine import check_engine_kwargs
 
 

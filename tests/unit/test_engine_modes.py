@@ -5,7 +5,8 @@ on vLLM CPU, and with sleep mode in tests/gpu)."""
 import pytest
 import torch
 
-from agentrl_ray.config import ConfigError, load_config
+from agentrl_ray.config import ConfigError
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.engine_modes import engine_modes
 from agentrl_ray.rollout.vllm_engine import vllm_lora_rank
 
@@ -35,7 +36,9 @@ def test_sleep_mode_on_cpu_engines_is_refused():
 
 def test_native_lora_on_gpu_by_default_merge_on_cpu():
     lora_gpu = ["profile=lora", "rollout.use_gpu=true", "learner.use_gpu=true", "learner.lora.r=4"]
-    assert engine_modes(load_config(None, lora_gpu), "colocated").lora_rank == 8  # vLLM's ranks: 1, 8, 16, ...
+    assert (
+        engine_modes(load_config(None, lora_gpu), "colocated").lora_rank == 4
+    )  # the adapter's rank; vLLM rounds it up to 8
     assert engine_modes(load_config(None, [*lora_gpu, "rollout.lora_mode=merge"]), "colocated").lora_rank == 0
     lora_cpu = ["profile=lora", "rollout.use_gpu=false", "learner.use_gpu=false"]
     assert engine_modes(load_config(None, lora_cpu), "cpu").lora_rank == 0
@@ -56,7 +59,7 @@ def test_peft_folder_is_the_learners_adapter(builtin_model_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from agentrl_ray.learner.policy import lora_tensors
-    from agentrl_ray.sync.receiver import write_peft_adapter
+    from agentrl_ray.sync.lora import write_peft_adapter
 
     def base():
         return AutoModelForCausalLM.from_pretrained(builtin_model_path, dtype=torch.float32)

@@ -12,7 +12,7 @@ from agentrl_ray.chat_format import ToolCall
 from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.envs.host import EnvHost
 
-CALC = "agentrl_ray.envs.calculator:CalculatorEnv"
+CALC = "agentrl_ray.envs.builtin.calculator:CalculatorEnv"
 PICKY = "test_env_host_batched:PickyEnv"
 
 

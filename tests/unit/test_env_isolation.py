@@ -332,8 +332,8 @@ def test_a_sandboxed_environment_leaves_nothing_of_its_uid_behind_and_stays_in_i
     import json
     import subprocess
 
-    from agentrl_ray.envs.sandbox import SandboxLimits
-    from agentrl_ray.envs.sandbox_uids import live_pids
+    from agentrl_ray.envs.isolation.sandbox import SandboxLimits
+    from agentrl_ray.envs.isolation.sandbox_uids import live_pids
 
     async def main():
         host = EnvHost(tool_timeout_s=20.0, isolation="sandbox", sandbox=SandboxLimits(disk_mb=16))
@@ -364,7 +364,7 @@ def _owner(path: str) -> int | None:
 
 
 def test_env_kwargs_too_large_for_a_child_are_the_configs_error_not_a_trajectorys():
-    from agentrl_ray.envs.isolation import EnvSetupError
+    from agentrl_ray.envs.isolation.levels import EnvSetupError
 
     async def main():
         host = EnvHost(isolation="process")
@@ -382,7 +382,7 @@ def test_env_kwargs_too_large_for_a_child_are_the_configs_error_not_a_trajectory
 def test_auto_runs_the_packages_own_environments_in_threads_and_any_other_in_a_child():
     async def main():
         host = EnvHost(isolation="auto")
-        await host.create("ours", "agentrl_ray.envs.calculator:CalculatorEnv", {}, {})
+        await host.create("ours", "agentrl_ray.envs.builtin.calculator:CalculatorEnv", {}, {})
         ours = host.stats()["children_started"]
         await host.create("theirs", HOSTILE, {"on": "tool", "how": "os_exit"}, {})
         out = await host.call_tools("theirs", [ToolCall("act", {"n": 1})], [])

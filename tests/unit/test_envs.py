@@ -11,16 +11,11 @@ from typing import Literal
 import pytest
 
 from agentrl_ray.chat_format import ToolCall
-from agentrl_ray.envs.base import (
-    Environment,
-    coerce_arguments,
-    function_schema,
-    load_env_class,
-    tool_methods,
-    tool_schemas,
-)
-from agentrl_ray.envs.calculator import CalculatorEnv, evaluate, format_number
+from agentrl_ray.envs.base import Environment
+from agentrl_ray.envs.builtin.calculator import CalculatorEnv, evaluate, format_number
 from agentrl_ray.envs.host import EnvHost, ToolResult
+from agentrl_ray.envs.loading import load_env_class
+from agentrl_ray.envs.tools import coerce_arguments, function_schema, tool_methods, tool_schemas
 
 
 class Color(enum.Enum):
@@ -145,16 +140,16 @@ def test_schema_errors_name_the_problem():
 
 
 def test_load_env_class_errors():
-    assert load_env_class("agentrl_ray.envs.calculator:CalculatorEnv") is CalculatorEnv
+    assert load_env_class("agentrl_ray.envs.builtin.calculator:CalculatorEnv") is CalculatorEnv
     assert load_env_class(f"{__name__}:ShopEnv") is ShopEnv
     with pytest.raises(ValueError, match="package.module:Name"):
-        load_env_class("agentrl_ray.envs.calculator.CalculatorEnv")
+        load_env_class("agentrl_ray.envs.builtin.calculator.CalculatorEnv")
     with pytest.raises(ImportError, match="no_such_module"):
         load_env_class("no_such_module:Env")
     with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
-        load_env_class("agentrl_ray.envs.calculator:Nope")
+        load_env_class("agentrl_ray.envs.builtin.calculator:Nope")
     with pytest.raises(TypeError, match="must be a class"):
-        load_env_class("agentrl_ray.envs.calculator:evaluate")
+        load_env_class("agentrl_ray.envs.builtin.calculator:evaluate")
     with pytest.raises(TypeError, match="must define reset"):
         load_env_class(f"{__name__}:Color")
 
@@ -260,7 +255,7 @@ def test_calculator_rejects_what_the_parser_warns_about_without_printing_it():
     import sys
 
     script = (
-        "from agentrl_ray.envs.calculator import evaluate\n"
+        "from agentrl_ray.envs.builtin.calculator import evaluate\n"
         "for e in ('5or 2', '2in [1]', '1if 2 else 3'):\n"
         "    try:\n"
         "        evaluate(e)\n"

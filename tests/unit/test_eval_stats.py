@@ -4,9 +4,9 @@ numbers `agentrl-ray eval` reports for the same samples."""
 import pytest
 from builders import trajectory
 
-from agentrl_ray.eval_stats import pass_rates, training_eval_metrics
-from agentrl_ray.evaluate import summarize
-from agentrl_ray.outputs import eval_text
+from agentrl_ray.rewards.eval_stats import pass_rates, training_eval_metrics
+from agentrl_ray.run.outputs import eval_text
+from agentrl_ray.trained.evaluate import summarize
 from agentrl_ray.types import TrajectoryGroup
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_ray.config import load_config
 from agentrl_ray.data import load_rows
-from agentrl_ray.envs.base import load_env_class, tool_schemas
+from agentrl_ray.envs.loading import load_env_class
+from agentrl_ray.envs.tools import tool_schemas
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rewards import load_reward_functions
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ only calls its start/gather/sample); the real pool is exercised in tests/ray."""
 
 import pytest
 
-from agentrl_ray.config import load_config
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.learner.feed import PromptSampler, RolloutFeed, keep_varied
 from agentrl_ray.types import RolloutTimings, Trajectory, TrajectoryGroup
 

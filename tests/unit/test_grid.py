@@ -8,13 +8,16 @@ import re
 
 import pytest
 
-from agentrl_ray import builtin_grid, builtin_model
+from agentrl_ray.builtin import grid as builtin_grid
+from agentrl_ray.builtin import model as builtin_model
+from agentrl_ray.builtin import recipe as recipes
 from agentrl_ray.chat_format import parse_tool_calls
 from agentrl_ray.config import DataConfig
 from agentrl_ray.data import load_rows
-from agentrl_ray.envs.base import load_env_class, tool_schemas
-from agentrl_ray.envs.grid import GridEnv
+from agentrl_ray.envs.builtin.grid import GridEnv
 from agentrl_ray.envs.host import EnvHost
+from agentrl_ray.envs.loading import load_env_class
+from agentrl_ray.envs.tools import tool_schemas
 from agentrl_ray.tasks import grid
 
 
@@ -66,7 +69,7 @@ def test_bad_tool_calls_become_error_observations_and_the_walk_goes_on():
 
 async def _bad_tool_calls():
     host = EnvHost()  # the env host's own code, in this process (tests/ray run it as an actor)
-    await host.create("k", "agentrl_ray.envs.grid:GridEnv", {}, {"prompt": "", "start": "1,1", "goal": "1,2"})
+    await host.create("k", "agentrl_ray.envs.builtin.grid:GridEnv", {}, {"prompt": "", "start": "1,1", "goal": "1,2"})
     text = '<tool_call>\n{"name": "move", "arguments": {"direction": "up"}}\n</tool_call>'
     parsed = parse_tool_calls(text)
     (bad,) = await host.call_tools("k", parsed.calls, parsed.errors)
@@ -127,10 +130,10 @@ def test_warmup_ids_are_the_rendered_conversation_and_learn_only_assistant_turns
     from transformers import Qwen2Tokenizer
 
     tools = builtin_grid.grid_tools()
-    assert tools == tool_schemas(load_env_class("agentrl_ray.envs.grid:GridEnv"))
-    recipe = builtin_model.GRID_RECIPE
+    assert tools == tool_schemas(load_env_class("agentrl_ray.envs.builtin.grid:GridEnv"))
+    recipe = recipes.GRID_RECIPE
     texts, make_examples = builtin_grid.texts_and_examples(
-        builtin_model.Recipe(task="grid", sft_dialogues=300), tools, builtin_model.CHAT_TEMPLATE
+        recipes.Recipe(task="grid", sft_dialogues=300), tools, recipes.CHAT_TEMPLATE
     )
     tokenizer = builtin_model.train_tokenizer(recipe, texts)
     assert isinstance(tokenizer, Qwen2Tokenizer)
@@ -157,26 +160,26 @@ def test_the_calculator_models_keep_their_cache_folders_and_the_grid_model_gets_
 
     tools = builtin_model.calculator_tools()
     late = ("task", "sft_toward_share")
-    for recipe in (builtin_model.RECIPE, builtin_model.SMALL_RECIPE):
+    for recipe in (recipes.RECIPE, recipes.SMALL_RECIPE):
         fields = {k: v for k, v in dataclasses.asdict(recipe).items() if k not in late}
-        blob = {"version": builtin_model.RECIPE_VERSION, "recipe": fields, "template": builtin_model.CHAT_TEMPLATE}
+        blob = {"version": recipes.RECIPE_VERSION, "recipe": fields, "template": recipes.CHAT_TEMPLATE}
         old = hashlib.sha256(json.dumps({**blob, "tools": tools}, sort_keys=True).encode()).hexdigest()[:12]
         assert builtin_model.recipe_hash(recipe, tools) == old
     grid_recipe = dataclasses.replace(
-        builtin_model.GRID_RECIPE, **{k: getattr(builtin_model.RECIPE, k) for k in ("sft_steps", "sft_batch")}
+        recipes.GRID_RECIPE, **{k: getattr(recipes.RECIPE, k) for k in ("sft_steps", "sft_batch")}
     )
-    assert builtin_model.recipe_hash(grid_recipe, tools) != builtin_model.recipe_hash(builtin_model.RECIPE, tools)
+    assert builtin_model.recipe_hash(grid_recipe, tools) != builtin_model.recipe_hash(recipes.RECIPE, tools)
 
 
 def test_the_grid_models_cache_folder_follows_the_wording_of_its_dialogues(monkeypatch):
     """A model warm-started on other prompts and observations must not be found in the cache: the wording's version
     is part of the grid recipe's hash (and of no calculator recipe's)."""
     tools = builtin_grid.grid_tools()
-    before = builtin_model.recipe_hash(builtin_model.GRID_RECIPE, tools)
-    calculator = builtin_model.recipe_hash(builtin_model.RECIPE, tools)
+    before = builtin_model.recipe_hash(recipes.GRID_RECIPE, tools)
+    calculator = builtin_model.recipe_hash(recipes.RECIPE, tools)
     monkeypatch.setattr(grid, "TEXT_VERSION", grid.TEXT_VERSION + 1)
-    assert builtin_model.recipe_hash(builtin_model.GRID_RECIPE, tools) != before
-    assert builtin_model.recipe_hash(builtin_model.RECIPE, tools) == calculator
+    assert builtin_model.recipe_hash(recipes.GRID_RECIPE, tools) != before
+    assert builtin_model.recipe_hash(recipes.RECIPE, tools) == calculator
 
 
 def test_the_walker_goes_toward_the_goal_as_often_as_asked():

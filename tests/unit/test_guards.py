@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl_ray.config import ConfigError, load_config
+from agentrl_ray.config import ConfigError
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.learner import guards
 
 

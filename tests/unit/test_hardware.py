@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_ray.config import Config, _build, deep_merge
-from agentrl_ray.hardware import (
+from agentrl_ray.config import Config, deep_merge
+from agentrl_ray.config.checking import build as _build
+from agentrl_ray.config.stability import STABILITY, stability_preset
+from agentrl_ray.infra.hardware import (
     CPUInfo,
     GPUInfo,
     Hardware,
@@ -15,9 +17,8 @@ from agentrl_ray.hardware import (
     parse_nvidia_smi,
     parse_rocm_smi,
 )
-from agentrl_ray.profiles import profile_preset, resolve_profile
-from agentrl_ray.sizing import cpus_requested
-from agentrl_ray.stability import STABILITY, stability_preset
+from agentrl_ray.infra.profiles import profile_preset, resolve_profile
+from agentrl_ray.infra.sizing import cpus_requested
 
 DATA = Path(__file__).parent / "data" / "hardware"
 

@@ -4,8 +4,9 @@ import math
 
 import pytest
 
-from agentrl_ray.config import ConfigError, load_config
-from agentrl_ray.health import OK, RED, WARN, EarlyStopper, HealthMonitor
+from agentrl_ray.config import ConfigError
+from agentrl_ray.infra.profiles import load_config
+from agentrl_ray.learner.health import OK, RED, WARN, EarlyStopper, HealthMonitor
 from agentrl_ray.learner.schedule import lr_at
 
 HEALTHY = {
@@ -75,9 +76,9 @@ def test_early_stopper_patience_min_delta_and_mode():
     assert stop.update(5, {"eval/success": 0.3}) is None
     reason = stop.update(6, {"eval/success": 0.28})
     assert reason.startswith("eval/success has not improved by more than 0.05 for 2 evaluations (best 0.3000 at step 4")
-    lower = EarlyStopper("eval/env_token_ce", patience=1, mode="min")
-    assert lower.update(1, {"eval/env_token_ce": 2.0}) is None and lower.update(2, {"eval/env_token_ce": 1.5}) is None
-    assert lower.update(3, {"eval/env_token_ce": 1.6}) is not None
+    lower = EarlyStopper("eval/echo_ce", patience=1, mode="min")
+    assert lower.update(1, {"eval/echo_ce": 2.0}) is None and lower.update(2, {"eval/echo_ce": 1.5}) is None
+    assert lower.update(3, {"eval/echo_ce": 1.6}) is not None
     assert EarlyStopper("eval/success", patience=0).update(1, {"eval/success": 0.0}) is None  # off
 
 

@@ -71,8 +71,8 @@ def test_receiver_loads_an_ipc_update_bucket_by_bucket():
 
 
 def test_receiver_merges_an_ipc_lora_update(builtin_model_path):
+    from agentrl_ray.sync.lora import merge_lora
     from agentrl_ray.sync.packing import load_safetensors_folder
-    from agentrl_ray.sync.receiver import merge_lora
 
     base = load_safetensors_folder(builtin_model_path)
     name = next(n for n in base if n.endswith("q_proj.weight"))

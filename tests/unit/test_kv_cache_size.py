@@ -4,7 +4,8 @@ token budget (vLLM CPU holds the whole cache resident, so a fixed GiB was ~1 GiB
 import pytest
 from transformers import LlamaConfig, Qwen2Config
 
-from agentrl_ray.config import ConfigError, load_config
+from agentrl_ray.config import ConfigError
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.pool import sequences_per_engine
 from agentrl_ray.rollout.vllm_engine import kv_bytes_per_token, kv_cache_bytes
 

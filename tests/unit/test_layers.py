@@ -1,86 +1,81 @@
-"""Imports point down: every module's imports (read with ast, including imports inside functions) go to a lower layer
-or stay in their own, per the layer diagram in docs/architecture.md. `envs`, `rewards` and `sync` never import
-`rollout` or `learner`."""
+"""The house keeps its shape: imports point down the layers of docs/architecture.md, no module imports itself back
+through others, no file grows past 400 lines, and the package's top level holds at most 12 modules.
+
+Imports are read with ast, those inside functions and under `if TYPE_CHECKING:` included: a deferred import is still
+a dependency. `envs`, `rewards` and `sync` never import `rollout` or `learner`; nothing imports `driver` but the
+entry points.
+"""
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "agentrl_ray"
 
-# Layer of each top-level part of the package (a subpackage or a module). A module may import its own part, a
-# part of a lower layer, or (layer 0 only) another part of layer 0.
+# Layer of each part of the package (a top-level module or folder). A module may import its own part or a part of a
+# lower layer.
 LAYERS = {
-    # foundation: pure modules any role may use
-    "__init__": 0,
-    "types": 0,
-    "config": 0,
-    "config_help": 0,
-    "profiles": 0,
-    "threads": 0,
-    "allocator": 0,  # glibc's malloc settings for the processes that run the model, malloc_trim where a phase ends
-    "local_ray": 0,
-    "chat_format": 0,
-    "algorithms": 0,
-    "chunked_logprobs": 0,
-    "data": 0,
-    "tasks": 0,
-    "outputs": 0,
-    "placement": 0,  # the plan: a pure function of (nodes, config)
-    "storage": 0,
-    "hub": 0,
-    "hardware": 0,
-    "cluster_hardware": 0,  # the hardware summary from ray.nodes() (imports Ray only when a cluster is in play)
-    "engine_modes": 0,  # engine sleep and native LoRA, decided from the config and the placement mode
-    "sizing": 0,
-    "stability": 0,
-    "eval_stats": 0,  # pass@1 with its interval and pass@k: training's evaluations and `agentrl-ray eval`
-    "health": 0,
-    "messages": 0,
-    "gguf_convert": 0,  # llama.cpp's converter in a subprocess, the Ollama Modelfile: nothing of ours
-    "resume": 0,  # repairs a run directory before Ray starts (config, outputs, torch)
-    "deadlines": 0,  # how long each remote wait may take, from the config (pure)
+    # foundations
+    "types": 0,  # wire types and the token-role enum
+    "tasks": 0,  # the built-in tasks' prompts, answers and grid dynamics (pure)
+    "config": 1,  # the schema: one section per role, each with its checks
+    "chat_format": 1,  # the hermes format, both directions
+    "messages": 2,  # chat messages of an episode (OpenAI style)
+    "algorithms": 2,  # pure tensor functions of the RL loss
+    "data": 2,  # prompt datasets
+    "infra": 2,  # where things run: hardware, threads, profiles (and the layered config loader), placement, cluster
     # roles, lowest first
-    "envs": 1,
-    "rewards": 2,
-    "sync": 2,
-    "cluster": 2,  # the plan on a live Ray cluster (placement groups, node checks); driver-side
-    "traces": 2,  # trace records and dataset converters (messages, types)
-    "rollout": 3,
-    "builtin_model": 3,  # builds the default model from the calculator env's tools
-    "builtin_grid": 3,  # the grid task's part of the built-in models (the grid env's tools)
-    "preflight": 3,  # the driver's dry pass over the data with the env class and the reward functions
-    "learner": 4,
-    "checkpoints": 3,  # a run's checkpoints read back; LoRA merged as sync.receiver merges it
-    "driver": 5,
-    "plan_cmd": 5,
-    "sft": 5,  # warm start on traces: builds the built-in model when asked for it
-    "doctor": 5,
-    # using a trained run: the rollout pool on a checkpoint, then eval / chat / export, and the Python API
-    "inference": 6,
-    "evaluate": 7,
-    "chat": 7,
-    "export": 7,
+    "envs": 3,
+    "rewards": 4,
+    "sync": 4,
+    "builtin": 4,  # the built-in models (the calculator and grid envs' tools) and resolve_model
+    "traces": 5,  # trace records, converters, SFT warm start
+    "run": 5,  # the run's folder: outputs, resume repair, the driver's preflight
+    "rollout": 5,
+    "learner": 6,
+    # entry points and using a trained model
+    "driver": 7,
+    "trained": 7,  # checkpoints, inference, eval, chat, export: the rollout pool on a checkpoint
     "api": 8,
     "cli": 9,
     "__main__": 10,
+    "__init__": 11,  # the package's face: `agentrl_ray.train` is `api.train`, imported on first use
 }
+NEVER = [("envs", "rollout"), ("envs", "learner"), ("rewards", "rollout"), ("rewards", "learner")]
+NEVER += [("sync", "rollout"), ("sync", "learner")]
+DRIVER_USERS = {"api", "cli"}  # the entry points
+MAX_LINES = 400
+MAX_TOP_LEVEL_MODULES = 12
+
+
+def _modules() -> dict[str, Path]:
+    """{'agentrl_ray.rollout.pool': path} for every module of the package ('agentrl_ray.envs' for its __init__)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = ("agentrl_ray", *path.relative_to(PACKAGE).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
 
 
 def _part(module: str) -> str | None:
     """'agentrl_ray.rollout.pool' -> 'rollout'; None for a module outside the package."""
     parts = module.split(".")
-    return (
-        parts[1] if parts[0] == "agentrl_ray" and len(parts) > 1 else ("__init__" if module == "agentrl_ray" else None)
-    )
+    if parts[0] != "agentrl_ray":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
 
 
-def _imports(source: str) -> list[tuple[int, str]]:
+def _imports(source: str, modules=()) -> list[tuple[int, str]]:
+    """(line, module) of every import of `source`; `from pkg import sub` counts as an import of the module
+    `pkg.sub` when that is one of `modules`."""
     out = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             out += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.append((node.lineno, node.module))
+            subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules]
+            out += [(node.lineno, m) for m in subs]
+            if len(subs) < len(node.names):
+                out.append((node.lineno, node.module))
     return out
 
 
@@ -92,33 +87,86 @@ def violations(part: str, where: str, source: str) -> list[str]:
             continue
         if target not in LAYERS:
             bad.append(f"{where}:{line} imports {module}: its part {target!r} has no layer in this test")
-        elif not (LAYERS[target] < LAYERS[part] or LAYERS[target] == LAYERS[part] == 0):
+        elif LAYERS[target] >= LAYERS[part]:
             bad.append(f"{where}:{line}: {part} (layer {LAYERS[part]}) imports {module} (layer {LAYERS[target]})")
+        elif (part, target) in NEVER or (target == "driver" and part not in DRIVER_USERS):
+            bad.append(f"{where}:{line}: {part} must never import {module}")
     return bad
 
 
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of `graph` (its strongly connected components of more than one module), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
 def test_every_part_of_the_package_has_a_layer():
-    parts = {
-        p.stem if p.is_file() else p.name
-        for p in PACKAGE.iterdir()
-        if p.suffix == ".py" or (p / "__init__.py").exists()
-    }
+    parts = {_part(m) for m in _modules()}
     assert parts <= set(LAYERS), f"new parts need a layer here and in docs/architecture.md: {parts - set(LAYERS)}"
 
 
 def test_imports_point_down():
     bad = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE)
-        part = rel.parts[0].removesuffix(".py")
-        bad += violations(part, f"agentrl_ray/{rel}", path.read_text())
+    for module, path in _modules().items():
+        bad += violations(_part(module), f"agentrl_ray/{path.relative_to(PACKAGE)}", path.read_text())
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
 
 
-def test_the_check_catches_an_upward_import():
+def test_no_import_cycle():
+    modules = _modules()
+    graph = {
+        m: {dep for _, dep in _imports(path.read_text(), modules) if dep in modules and dep != m}
+        for m, path in modules.items()
+    }
+    assert cycles(graph) == []
+
+
+def test_no_file_over_400_lines():
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines()))}
+    assert {p: n for p, n in long.items() if n > MAX_LINES} == {}
+
+
+def test_a_short_top_level():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} modules at the top level: {top}"
+
+
+def test_the_checks_catch_an_upward_import_and_a_cycle():
     source = "import os\n\ndef f():\n    from agentrl_ray.rollout.pool import RolloutPool\n"
     assert violations("envs", "agentrl_ray/envs/x.py", source) == [
-        "agentrl_ray/envs/x.py:4: envs (layer 1) imports agentrl_ray.rollout.pool (layer 3)"
+        "agentrl_ray/envs/x.py:4: envs (layer 3) imports agentrl_ray.rollout.pool (layer 5)"
     ]
     assert violations("sync", "s.py", "import agentrl_ray.learner.loop") != []
+    assert violations("trained", "t.py", "from agentrl_ray.driver import train") != []
+    assert violations("cli", "c.py", "from agentrl_ray.driver import train") == []
     assert violations("rollout", "r.py", "from agentrl_ray.sync.receiver import WeightReceiver") == []
+    assert violations("builtin", "b.py", "from agentrl_ray.tasks import grid") == []
+    assert violations("tasks", "t.py", "from agentrl_ray.builtin.model import RECIPES") != []
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl_ray.chunked_logprobs import hidden_token_logprobs
-from agentrl_ray.config import ConfigError, LoraConfig, load_config
+from agentrl_ray.config import ConfigError, LoraConfig
+from agentrl_ray.infra.profiles import load_config
+from agentrl_ray.learner.chunked_logprobs import hidden_token_logprobs
 from agentrl_ray.learner.policy import (
     compile_layers,
     enable_gradient_checkpointing,

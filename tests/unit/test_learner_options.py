@@ -4,7 +4,8 @@ gradient checkpointing on the built-in model (it really recomputes, and leaves t
 import pytest
 import torch
 
-from agentrl_ray.config import ConfigError, load_config
+from agentrl_ray.config import ConfigError
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.learner.zero import deepspeed_config, inference_config
 
 DS = ["profile=cpu", "learner.backend=deepspeed"]

@@ -3,7 +3,7 @@
 import json
 
 from agentrl_ray.config import RunConfig
-from agentrl_ray.outputs import MetricsLog, plot_curves
+from agentrl_ray.run.outputs import MetricsLog, plot_curves
 
 
 def test_metrics_jsonl_wandb_offline_and_plot(tmp_path, monkeypatch):

@@ -3,8 +3,8 @@ no CPUs; unsatisfiable plans fail at once with what is missing."""
 
 import pytest
 
-from agentrl_ray.config import load_config
-from agentrl_ray.placement import Node, PlacementError, make_plan, nodes_from_ray, nodes_from_spec
+from agentrl_ray.infra.placement import Node, PlacementError, make_plan, nodes_from_ray, nodes_from_spec
+from agentrl_ray.infra.profiles import load_config
 
 
 def _cfg(*overrides):
@@ -109,7 +109,7 @@ def test_a_slot_is_pinned_by_excluding_the_plans_other_nodes():
     a lost one) does too, so Ray can reschedule a dead node's bundles there (tests/ray/test_node_loss.py)."""
     from ray._private.label_utils import validate_label_selector
 
-    from agentrl_ray.cluster import NODE_LABEL, pin
+    from agentrl_ray.infra.cluster import NODE_LABEL, pin
 
     nodes = nodes_from_spec('[{"CPU": 0, "head": true}, {"count": 3, "CPU": 2}]')
     plan = make_plan(nodes, _cfg("profile=cpu"))
@@ -191,7 +191,7 @@ def test_bad_node_spec_is_a_clear_error():
 def test_sync_transport_follows_the_plan():
     """Colocated on one GPU: the gpu profile's NCCL sync becomes a CUDA IPC handoff (NCCL refuses two ranks on one
     GPU); colocated on more GPUs, the object store; ipc asked for where engines sit on other GPUs fails at once."""
-    from agentrl_ray.cluster import apply_plan
+    from agentrl_ray.infra.cluster import apply_plan
 
     cfg = _cfg("profile=gpu")
     apply_plan(cfg, make_plan(nodes_from_spec('[{"CPU": 8, "GPU": 1}]'), cfg))

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from agentrl_ray import preflight
-from agentrl_ray.config import ConfigError, load_config
+from agentrl_ray.config import ConfigError
 from agentrl_ray.data import load_rows
+from agentrl_ray.infra.profiles import load_config
+from agentrl_ray.run import preflight
 
 
 class NeedsTarget:

@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from agentrl_ray.config import ConfigError, LearnerConfig, load_config
+from agentrl_ray.config import ConfigError, LearnerConfig
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.learner import qlora
 
 

@@ -27,7 +27,7 @@ def test_the_runs_own_errors_are_not_redone():
 def test_each_role_keeps_its_own_restart_bound():
     """Under the collective transport rollout workers are created with max_restarts=0 (the weight group cannot take
     a new member) while env hosts keep recovery.max_actor_restarts: a restarted env host must not end the run."""
-    from agentrl_ray.config import load_config
+    from agentrl_ray.infra.profiles import load_config
     from agentrl_ray.rollout.deadlines import Deadlines
     from agentrl_ray.rollout.recovery import Recovery
 
@@ -65,8 +65,9 @@ def test_the_learner_deadline_is_set_for_the_fit_and_put_back(monkeypatch):
     from recovery.learner_unresponsive_s for that call only and leaves a user's own value as it was."""
     import os
 
-    from agentrl_ray.config import ConfigError, load_config
+    from agentrl_ray.config import ConfigError
     from agentrl_ray.driver import HEALTH_CHECK_TIMEOUT, learner_deadline
+    from agentrl_ray.infra.profiles import load_config
 
     monkeypatch.delenv(HEALTH_CHECK_TIMEOUT, raising=False)
     with learner_deadline(42.0):

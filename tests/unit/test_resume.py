@@ -13,10 +13,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from agentrl_ray import resume
-from agentrl_ray.config import ConfigError, load_config
+from agentrl_ray.config import ConfigError
 from agentrl_ray.driver import check_run_dir
-from agentrl_ray.outputs import MetricsLog, atomic_write_text
+from agentrl_ray.infra.profiles import load_config
+from agentrl_ray.run import resume
+from agentrl_ray.run.outputs import MetricsLog, atomic_write_text
 
 
 def make_checkpoint(run_dir: Path, step: int) -> Path:
@@ -58,7 +59,7 @@ def test_sound_run_dir_resumes_through_ray_trains_snapshot(tmp_path):
 def test_torn_snapshot_falls_back_to_the_newest_checkpoint_that_verifies(tmp_path, caplog):
     run_dir = make_run(tmp_path)
     truncate(run_dir / resume.SNAPSHOT)
-    with caplog.at_level(logging.WARNING, logger="agentrl_ray.resume"):
+    with caplog.at_level(logging.WARNING, logger="agentrl_ray.run.resume"):
         assert resume.prepare(run_dir) == run_dir / "checkpoint_000006"
     assert not (run_dir / resume.SNAPSHOT).exists()  # moved aside, so Ray Train starts from the checkpoint given
     assert len(list(run_dir.glob(f"{resume.SNAPSHOT}.corrupt-*"))) == 1
@@ -75,7 +76,7 @@ def test_unusable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, cap
         truncate(latest / "trainer_state.pt")
     else:
         (latest / "trainer_state.pt").unlink()
-    with caplog.at_level(logging.WARNING, logger="agentrl_ray.resume"):
+    with caplog.at_level(logging.WARNING, logger="agentrl_ray.run.resume"):
         assert resume.prepare(run_dir) == run_dir / "checkpoint_000004"
     assert not latest.exists() and len(list(run_dir.glob("checkpoint_000006.corrupt-*"))) == 1
     assert "the latest checkpoint checkpoint_000006 is unusable" in caplog.text
@@ -112,7 +113,7 @@ def test_a_first_checkpoint_torn_before_any_was_committed_starts_from_step_0(tmp
     run_dir = make_run(tmp_path, steps=(1,))
     (run_dir / resume.SNAPSHOT).unlink()
     truncate(run_dir / "checkpoint_000001" / resume.TRAINER_STATE)
-    with caplog.at_level(logging.WARNING, logger="agentrl_ray.resume"):
+    with caplog.at_level(logging.WARNING, logger="agentrl_ray.run.resume"):
         assert resume.prepare(run_dir) is None
     assert "no checkpoint of" in caplog.text and "starting from step 0" in caplog.text
     assert not (run_dir / "checkpoint_000001").exists()  # moved aside: the new run writes its own
@@ -123,7 +124,7 @@ def test_torn_last_metrics_line_is_cut_with_a_warning(tmp_path, caplog):
     path = run_dir / "metrics.jsonl"
     with path.open("a") as f:
         f.write('{"step": 7, "reward/me')  # the process died mid-write
-    with caplog.at_level(logging.WARNING, logger="agentrl_ray.resume"):
+    with caplog.at_level(logging.WARNING, logger="agentrl_ray.run.resume"):
         resume.repair_metrics(run_dir / "metrics.jsonl")
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
     assert "ends with a torn line" in caplog.text
@@ -164,7 +165,7 @@ def test_atomic_write_leaves_the_old_file_when_the_write_fails(tmp_path, monkeyp
     def fail(fd):  # the disk fails after the new bytes were written to the temporary file
         raise OSError("I/O error")
 
-    monkeypatch.setattr("agentrl_ray.outputs.os.fsync", fail)
+    monkeypatch.setattr("agentrl_ray.run.outputs.os.fsync", fail)
     with pytest.raises(OSError, match="I/O error"):
         atomic_write_text(path, "new")
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["summary.json"]

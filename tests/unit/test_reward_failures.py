@@ -3,7 +3,8 @@ message naming it; failures on some samples, or broken runs of all-failed steps,
 
 import pytest
 
-from agentrl_ray.config import ConfigError, load_config
+from agentrl_ray.config import ConfigError
+from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rewards import score
 from agentrl_ray.rewards.failures import RewardFailureWatch
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from builders import hidden_from_sandbox
 
-from agentrl_ray.envs import sandbox, sandbox_uids
-from agentrl_ray.envs.sandbox import SandboxLimits, network_isolation_available, run_command, run_python
+from agentrl_ray.envs.isolation import sandbox_layers, sandbox_uids
+from agentrl_ray.envs.isolation.sandbox import SandboxLimits, network_isolation_available, run_command, run_python
 
 IS_ROOT = os.geteuid() == 0
 pytestmark = [
@@ -243,19 +243,19 @@ def test_20_concurrent_sandboxes_do_not_interfere():
 
 def test_missing_network_isolation_refuses_unless_allowed(monkeypatch, caplog):
     # Simulate a kernel without network namespaces: the real probe runs an unshare flag that does not exist.
-    monkeypatch.setattr(sandbox, "_namespace_args", lambda network: [] if network else ["--no-such-namespace"])
-    sandbox._Layers.probe.cache_clear()
+    monkeypatch.setattr(sandbox_layers, "namespace_args", lambda network: [] if network else ["--no-such-namespace"])
+    sandbox_layers.Layers.probe.cache_clear()
     try:
         refused = run_python("print('ran')")
         assert refused.exit_code is None and refused.stdout == ""
         assert "network isolation unavailable:" in refused.error and not refused.network_isolated
         assert refused.error.endswith("(refused to run)")
-        with caplog.at_level(logging.WARNING, logger="agentrl_ray.envs.sandbox"):
+        with caplog.at_level(logging.WARNING, logger="agentrl_ray.envs.isolation.sandbox"):
             ran = run_python("print('ran')", limits=SandboxLimits(require_isolation=False))
         assert ran.stdout == "ran\n" and not ran.network_isolated
         assert "running without (require_isolation=False)" in caplog.text
     finally:
-        sandbox._Layers.probe.cache_clear()
+        sandbox_layers.Layers.probe.cache_clear()
 
 
 def test_an_interpreter_under_a_private_dir_is_replaced_by_one_the_sandbox_sees(monkeypatch, caplog):
@@ -265,7 +265,7 @@ def test_an_interpreter_under_a_private_dir_is_replaced_by_one_the_sandbox_sees(
     import logging
     import sys
 
-    from agentrl_ray.envs import sandbox as sandbox_module
+    from agentrl_ray.envs.isolation import sandbox as sandbox_module
 
     monkeypatch.setattr(sys, "executable", "/tmp/clone/.venv/bin/python")
     monkeypatch.setattr(sys, "prefix", "/tmp/clone/.venv")

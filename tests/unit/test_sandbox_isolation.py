@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_ray.envs import sandbox
-from agentrl_ray.envs.sandbox import SandboxLimits, run_python
+from agentrl_ray.envs.isolation import sandbox
+from agentrl_ray.envs.isolation.sandbox import SandboxLimits, run_python
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -141,7 +141,7 @@ DRIVER = textwrap.dedent(
     """
     import json, os, sys
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from agentrl_ray.envs.sandbox import SandboxLimits, run_python
+    from agentrl_ray.envs.isolation.sandbox import SandboxLimits, run_python
     code = "import os\\nopen('/tmp/left-by-sandbox', 'w').write('x')\\nprint(os.getuid())"
     refused = run_python(code)
     ran = run_python(code, limits=SandboxLimits(require_isolation=False))
@@ -163,12 +163,12 @@ def test_as_non_root_it_refuses_by_default_and_never_runs_weaker_silently():
 
 
 def _run_as_non_root(tmp_path: Path) -> None:
-    package = tmp_path / "agentrl_ray" / "envs"
+    package = tmp_path / "agentrl_ray" / "envs" / "isolation"
     package.mkdir(parents=True)
-    for name in ("agentrl_ray/__init__.py", "agentrl_ray/envs/__init__.py"):
+    for name in ("agentrl_ray/__init__.py", "agentrl_ray/envs/__init__.py", "agentrl_ray/envs/isolation/__init__.py"):
         (tmp_path / name).write_text("")
-    for name in ("sandbox.py", "sandbox_uids.py", "sandbox_init.pl", "cgroups.py"):
-        shutil.copy(REPO / "agentrl_ray" / "envs" / name, package / name)
+    for name in ("sandbox.py", "sandbox_layers.py", "sandbox_uids.py", "sandbox_init.pl", "cgroups.py"):
+        shutil.copy(REPO / "agentrl_ray" / "envs" / "isolation" / name, package / name)
     (tmp_path / "driver.py").write_text(DRIVER)
     for path in [tmp_path, *tmp_path.rglob("*")]:
         path.chmod(0o755)

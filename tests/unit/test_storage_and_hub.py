@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_ray import hub
-from agentrl_ray.config import ConfigError, load_config
-from agentrl_ray.driver import resolve_model
-from agentrl_ray.storage import checkpoint_root, exists, in_job_working_dir, resolve_path
+from agentrl_ray.builtin.resolve import resolve_model
+from agentrl_ray.config import ConfigError
+from agentrl_ray.infra import hub
+from agentrl_ray.infra.profiles import load_config
+from agentrl_ray.infra.storage import checkpoint_root, exists, in_job_working_dir, resolve_path
 
 JOB_DIR = "/tmp/ray/session_2026-11-23_10-00-00_1_1/runtime_resources/working_dir_files/_ray_pkg_0123abcd"
 

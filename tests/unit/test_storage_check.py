@@ -1,7 +1,7 @@
 """Which folders the nodes of a plan must share with the driver, and the refusal when they do not (storage.py);
 the real-cluster refusal is tests/ray/test_placement_cluster.py::test_multi_node_without_shared_storage_is_refused."""
 
-from agentrl_ray.storage import blind_message, paths_to_check
+from agentrl_ray.infra.storage import blind_message, paths_to_check
 
 ROOT, MODEL = "/data/runs", "/models/m"
 

@@ -4,8 +4,7 @@ every profile, buckets stay within their bound, and a malformed update fails whe
 import pytest
 import torch
 
-from agentrl_ray.config import load_config
-from agentrl_ray.profiles import Hardware, profile_preset
+from agentrl_ray.infra.profiles import Hardware, load_config, profile_preset
 from agentrl_ray.sync.collective import CollectiveBackend, collective_backend, plan_buckets
 from agentrl_ray.sync.receiver import WeightReceiver
 from agentrl_ray.sync.sender import CollectiveSender, ObjectStoreSender, make_sender
@@ -132,7 +131,7 @@ def _sharded_folder(folder, generator):
 def test_the_engines_streamed_merge_equals_the_merged_export(tmp_path):
     """The engines merge one tensor at a time from the folder (`merged_stream`); a merged export merges the loaded
     folder (`merge_lora(base_weights(...))`). Both must give the same tensors, bit for bit, lm_head last."""
-    from agentrl_ray.sync.receiver import base_weights, merge_lora, merged_stream
+    from agentrl_ray.sync.lora import base_weights, merge_lora, merged_stream
 
     g = torch.Generator().manual_seed(0)
     _sharded_folder(tmp_path, g)
@@ -153,7 +152,7 @@ def test_the_engines_streamed_merge_equals_the_merged_export(tmp_path):
 
 def test_an_adapter_that_does_not_fit_the_base_fails_before_the_reload(tmp_path):
     """A half-applied reload would leave an engine with a mix of versions: the check comes before the first tensor."""
-    from agentrl_ray.sync.receiver import merged_stream
+    from agentrl_ray.sync.lora import merged_stream
 
     _sharded_folder(tmp_path, torch.Generator().manual_seed(0))
     a, b = torch.zeros(2, 6), torch.zeros(6, 2)

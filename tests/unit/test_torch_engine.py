@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from agentrl_ray.rollout.engine import engine_class
+from agentrl_ray.rollout.backends import engine_class
 from agentrl_ray.rollout.torch_engine import TorchEngine, check_engine_kwargs
 
 VOCAB = 97

@@ -181,7 +181,7 @@ def _one(tmp_path):
 def test_sft_warm_start_trains_and_saves_a_loadable_model(tmp_path, builtin_model_path):
     from transformers import AutoModelForCausalLM
 
-    from agentrl_ray.sft import SFTOptions, run_sft
+    from agentrl_ray.traces.sft import SFTOptions, run_sft
 
     save_dataset(build_rows(read_records(openai_log(tmp_path)), "sft"), tmp_path / "sft")
     summary = run_sft(

@@ -23,7 +23,7 @@ Mapping of TRL's loss types to our `loss_aggregation` (TRL loss per micro-batch,
 - `beta > 0`: TRL's KL is k3 with the reference logprobs passed in `ref_per_token_logps` → ours `kl_estimator="k3"`.
 Not cross-checked: TRL applies its truncated IS ratio (our `tis_cap`) only on its vLLM path, which needs a vLLM
 generation backend; our TIS is covered by the hand-computed tests in test_algorithms.py. TRL has no ECHO term
-(world_coeff is 0 here).
+(echo_coeff is 0 here).
 """
 
 import pytest
@@ -36,8 +36,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from agentrl_ray.algorithms import LossNorm, compute_loss, token_logprobs_and_entropy  # noqa: E402
+from agentrl_ray.algorithms import LossNorm, compute_loss  # noqa: E402
 from agentrl_ray.config import AlgorithmConfig  # noqa: E402
+from agentrl_ray.learner.logprobs import token_logprobs_and_entropy  # noqa: E402
 from agentrl_ray.types import TrainBatch  # noqa: E402
 
 VOCAB, PROMPT_LEN, COMPLETION_LEN = 32, 3, 6
@@ -175,7 +176,7 @@ def our_loss_and_grads(model, data: dict, cfg: AlgorithmConfig):
     logprobs, entropy = token_logprobs_and_entropy(logits, input_ids)
     ref = torch.cat([pad, data["ref_per_token_logps"]], dim=1)
     loss, metrics = compute_loss(
-        logprobs, entropy, batch, cfg, norm, old_logprobs=batch.rollout_logprobs, world_coeff=0.0, ref_logprobs=ref
+        logprobs, entropy, batch, cfg, norm, old_logprobs=batch.rollout_logprobs, echo_coeff=0.0, ref_logprobs=ref
     )
     loss.backward()
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}, metrics

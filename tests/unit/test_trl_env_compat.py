@@ -10,8 +10,9 @@ import asyncio
 from transformers.utils import get_json_schema
 
 from agentrl_ray.chat_format import parse_tool_calls
-from agentrl_ray.envs.base import load_env_class, tool_schemas
 from agentrl_ray.envs.host import EnvHost
+from agentrl_ray.envs.loading import load_env_class
+from agentrl_ray.envs.tools import tool_schemas
 from agentrl_ray.rewards import load_reward_functions, score
 
 

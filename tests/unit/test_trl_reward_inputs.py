@@ -26,7 +26,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from trl.chat_template_utils import qwen2_5_chat_template  # noqa: E402
 
 from agentrl_ray.config import RolloutConfig  # noqa: E402
-from agentrl_ray.envs.calculator import evaluate, format_number  # noqa: E402
+from agentrl_ray.envs.builtin.calculator import evaluate, format_number  # noqa: E402
 from agentrl_ray.envs.client import EnvClient  # noqa: E402
 from agentrl_ray.envs.host import EnvHost  # noqa: E402
 from agentrl_ray.rewards import score  # noqa: E402
@@ -177,7 +177,9 @@ def our_rewards(tok) -> tuple[list[float], list]:
     cfg = RolloutConfig(max_turns=MAX_TURNS, max_tokens_per_turn=100, max_total_tokens=600)
 
     async def one(k, question, turns):
-        envs = EnvClient([LocalHandle(EnvHost(tool_timeout_s=5))], "agentrl_ray.envs.calculator:CalculatorEnv", {})
+        envs = EnvClient(
+            [LocalHandle(EnvHost(tool_timeout_s=5))], "agentrl_ray.envs.builtin.calculator:CalculatorEnv", {}
+        )
         await envs.create([(f"k{k}", {})])
         prompt = [{"role": "user", "content": question}]
         ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)

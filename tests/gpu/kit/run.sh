@@ -5,7 +5,7 @@
 # 0. checks SHA256SUMS, unpacks the carried packages into $SITE and the project (git HEAD, PROJECT_COMMIT) into
 #    $PROJ, puts the prebuilt built-in model under $AGENTRL_CACHE, prints versions (and where each package is
 #    imported from: the carried site must win over the image's own) and nvidia-smi           -> $OUT/setup.log
-# 1. from $PROJ: python -m pytest $TESTS -v -s -p no:cacheprovider --timeout=$T_TEST, cut at $T_ALL seconds
+# 1. from $PROJ: python -m pytest $TESTS -v -s -rA -p no:cacheprovider --timeout=$T_TEST, cut at $T_ALL seconds
 #    -> $OUT/pytest.log, $OUT/gpu_e2e.jsonl (every GPU_E2E_JSON line), $OUT/runs/ (the runs' metrics and configs),
 #       $OUT/ray_logs/ (the tails of Ray's non-empty logs, on failure only)
 # 2. `ray stop --force`, then the GPU's remaining processes; a summary (also $OUT/summary.log).
@@ -117,7 +117,7 @@ BASETEMP=$(mktemp -d /tmp/agentrl_pytest.XXXXXX)
 log "pytest $TESTS (cut at ${T_ALL}s, ${T_TEST}s per test)" | tee "$OUT/pytest.log"
 # shellcheck disable=SC2086  # TESTS: words on purpose
 (
-  cd "$PROJ" && exec timeout -k 15 "$T_ALL" "$PY" -m pytest $TESTS -v -s -p no:cacheprovider \
+  cd "$PROJ" && exec timeout -k 15 "$T_ALL" "$PY" -m pytest $TESTS -v -s -rA -p no:cacheprovider \
     --timeout="$T_TEST" --basetemp="$BASETEMP/t"
 ) 2>&1 | timeout $((T_ALL + 40)) tee -a "$OUT/pytest.log"
 RC=${PIPESTATUS[0]}
@@ -127,7 +127,7 @@ grep -a 'GPU_E2E_JSON ' "$OUT/pytest.log" | sed 's/.*GPU_E2E_JSON //' > "$OUT/gp
 # The runs' own records (metrics.jsonl, config.json, summaries: small files only).
 if [ -d "$BASETEMP/t" ]; then
   mkdir -p "$OUT/runs"
-  (cd "$BASETEMP/t" && find . -type f \( -name 'metrics.jsonl' -o -name '*.json' \) -size -2M -print0 \
+  (cd "$BASETEMP/t" && find . -path '*checkpoint_*' -prune -o -type f \( -name '*.jsonl' -o -name '*.json' \) -size -2M -print0 \
     | xargs -0 -r cp --parents -t "$OUT/runs") 2>/dev/null || true
 fi
 if [ "$RC" != 0 ] && [ -d /tmp/ray/session_latest/logs ]; then  # what Ray's processes said, for a failure
@@ -149,8 +149,9 @@ rm -rf "$BASETEMP"
 # ---------------------------------------------------------------------------------------------- summary
 {
 log "SUMMARY pytest exit $RC ($([ "$RC" = 0 ] && echo passed || echo FAILED)), total $(( $(date +%s) - T0 ))s"
-grep -aE '^(tests/|[a-z_/]+\.py::).* (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)' "$OUT/pytest.log" | cut -c1-200
-grep -aE '^(FAILED|ERROR) |^=+ .*(passed|failed|error|skipped|deselected).* =+$|Timeout' "$OUT/pytest.log" | tail -12
+# pytest's short summary (-rA): one line per test, then its closing line.
+grep -aE '^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) ' "$OUT/pytest.log" | cut -c1-200
+grep -aE '^=+ .*(passed|failed|error|skipped|deselected|no tests ran).* =+$|Timeout >' "$OUT/pytest.log" | tail -3
 [ -s "$OUT/gpu_e2e.jsonl" ] && { echo "GPU_E2E_JSON lines ($OUT/gpu_e2e.jsonl):"; cut -c1-400 "$OUT/gpu_e2e.jsonl"; }
 echo "results in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
 } 2>&1 | tee "$OUT/summary.log"

@@ -1,0 +1,28 @@
+"""What `model.path` names, as a local Hugging Face model folder: a built-in model (built once and cached), a Hub id
+(one commit's snapshot in the Hugging Face cache, the same for every node: `infra.hub`), or a local folder. The
+driver, `agentrl-ray sft`, `eval`, `chat` and `export` all resolve it here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentrl_ray.config import ConfigError
+
+
+def resolve_model(path: str) -> str:
+    if path.startswith("builtin:"):  # the size was checked with the config (config.BUILTIN_MODELS)
+        from agentrl_ray.builtin.model import ensure_builtin_model
+
+        return str(ensure_builtin_model(size=path.removeprefix("builtin:")))
+    from agentrl_ray.infra import hub
+
+    if hub.is_hub_id(path):  # one commit's snapshot in the Hugging Face cache, the same for every node
+        return hub.resolve(path).path
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ConfigError(
+            f"model.path {path!r} is not a Hugging Face model folder (no config.json); "
+            "use builtin:tiny, builtin:small, builtin:tiny-grid, a local folder made by save_pretrained, or a Hub id "
+            "such as Qwen/Qwen2.5-0.5B-Instruct"
+        )
+    return str(folder.resolve())

@@ -1,0 +1,225 @@
+"""What learns: the policy loss (`algorithm.*`), the ECHO loss (`echo.*`) and the learner (`learner.*`, with
+`learner.lora.*`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentrl_ray.config.checking import check_resources, need
+
+
+@dataclass
+class AlgorithmConfig:
+    """The GRPO-family policy loss and data shaping (`algorithm.*`; see agentrl_ray/algorithms.py)."""
+
+    baseline: Literal["mean", "rloo"] = "mean"
+    """Advantage baseline: the group mean (GRPO) or leave-one-out (RLOO)."""
+    advantage_scale: Literal["group", "batch", "none"] = "group"
+    """Divide advantages by the group's reward std, the batch's, or not at all (Dr. GRPO)."""
+    epsilon: float = 0.2
+    """Lower clip range of the PPO ratio."""
+    epsilon_high: float = 0.2
+    """Upper clip range of the PPO ratio (clip-higher, DAPO)."""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """Importance ratio per token (GRPO) or per sequence (GSPO)."""
+    num_iterations: int = 1
+    """Optimizer passes over each step's batch."""
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = (
+        "token_mean"
+    )
+    """How per-token policy losses are reduced to the step's loss."""
+    loss_norm_constant: int = 0
+    """The constant length of seq_mean_token_sum_norm; 0 = rollout.max_total_tokens."""
+    beta: float = 0.0
+    """Weight of the KL penalty to the reference policy (0 = no reference model)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Estimator of the KL penalty."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling: cap of the learner/rollout probability ratio (0 = off)."""
+    dynamic_sampling: Literal["off", "drop", "resample"] = "off"
+    """Groups whose rewards are all equal: keep them, drop them, or drop and refill (DAPO)."""
+    max_resample_rounds: int = 3
+    """Refill rounds per step with dynamic_sampling=resample."""
+    mask_truncated: bool = False
+    """Leave trajectories cut by the token budget out of the policy loss (DAPO overlong filtering)."""
+    overlong_penalty_tokens: int = 0
+    """Soft overlong penalty: length of the ramp before rollout.max_total_tokens (0 = off)."""
+    overlong_penalty_factor: float = 1.0
+    """Soft overlong penalty at the full budget."""
+
+    def check(self) -> None:
+        need(0 <= self.epsilon < 1 and 0 <= self.epsilon_high, "algorithm.epsilon must be in [0, 1), epsilon_high >= 0")
+        need(self.num_iterations >= 1, "algorithm.num_iterations must be at least 1")
+        need(self.beta >= 0, "algorithm.beta must be >= 0")
+        need(self.tis_cap == 0 or self.tis_cap >= 1, "algorithm.tis_cap must be 0 (off) or >= 1")
+
+
+@dataclass
+class EchoConfig:
+    """ECHO: the cross-entropy loss on environment tokens (`echo.*`; see docs/echo.md)."""
+
+    coeff: float = 0.0
+    """Lambda: weight of the cross-entropy on environment (tool-output) tokens; 0 = plain GRPO."""
+    schedule: Literal["constant", "linear", "step"] = "constant"
+    """How lambda changes over steps: constant, linear to final_coeff, or one drop to it."""
+    final_coeff: float = 0.0
+    """Lambda after echo.decay_steps (linear and step schedules)."""
+    decay_steps: int = 0
+    """Steps of the linear decay, or the step of the drop."""
+    normalization: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    """Reduction of the environment-token loss, named as algorithm.loss_aggregation's modes."""
+    only: bool = False
+    """Train on the ECHO loss alone (rewards are ignored)."""
+
+    def check(self) -> None:
+        need(self.coeff >= 0 and self.final_coeff >= 0, "echo.coeff and echo.final_coeff must be >= 0")
+        need(not self.only or self.coeff > 0, "echo.only=true needs echo.coeff > 0")
+        need(
+            self.schedule == "constant" or self.decay_steps > 0, "echo.schedule linear/step needs echo.decay_steps > 0"
+        )
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters for the learner (`learner.lora.*`)."""
+
+    enabled: bool = False
+    """Train LoRA adapters instead of every weight (only the adapter is synced)."""
+    r: int = 16
+    """Rank of the adapters."""
+    alpha: int = 32
+    """LoRA alpha (the update is scaled by alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input."""
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Names of the linear layers that get adapters."""
+    quantize: Literal["none", "nf4"] = "none"
+    """QLoRA: hold the learner's frozen base in 4-bit NF4 (bitsandbytes); the engines keep model.dtype weights."""
+
+
+@dataclass
+class LearnerConfig:
+    """The Ray Train learner (`learner.*`)."""
+
+    backend: Literal["ddp", "deepspeed"] = "ddp"
+    """Plain DDP (gloo on CPU, NCCL on GPU) or DeepSpeed ZeRO."""
+    zero_stage: int = 2
+    """DeepSpeed ZeRO stage (0-3)."""
+    num_workers: int = 1
+    """Learner ranks (Ray Train workers)."""
+    use_gpu: bool = False
+    """Train on GPUs, one per rank."""
+    num_cpus_per_worker: float = 1.0
+    """Ray CPUs reserved per learner rank."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources every learner rank asks for (pins the ranks to labelled nodes)."""
+    lr: float = 1e-4
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Steps of linear learning-rate warm-up."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Decay of the learning rate after warm-up, over run.steps (learner/schedule.py)."""
+    min_lr_ratio: float = 0.0
+    """Floor of a linear/cosine decay, as a fraction of learner.lr."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
+    max_nonfinite_steps: int = 3
+    """Steps in a row whose loss or gradients are NaN/inf (each skipped, weights kept) before the run stops."""
+    micro_batch_size: int = 32
+    """Sequences per forward/backward on one rank."""
+    torch_threads: int = 0
+    """CPU threads of each learner rank; 0 = the node's cores shared by its ranks (see agentrl_ray/infra/threads.py)."""
+    bf16: bool = False
+    """DDP learner: bfloat16 autocast with float32 weights and optimizer (DeepSpeed uses its own settings); with LoRA
+    the frozen base is loaded in bfloat16 (no float32 copy), the adapter stays float32."""
+    chunked_logprobs: bool = True
+    """Log-probabilities from the last hidden states chunk by chunk (agentrl_ray/learner/chunked_logprobs.py), never
+    the whole (batch, tokens, vocabulary) logits; false: the model's full logits. Falls back to full logits under
+    ZeRO-3."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass (Hugging Face `gradient_checkpointing_enable`):
+    activation memory of one layer instead of all, for ~30% more compute. Works with DDP, DeepSpeed and LoRA."""
+    compile: bool = False
+    """Compile each decoder layer with `torch.compile` (inductor, dynamic shapes: one compiled graph serves every
+    layer, micro-batch and sequence length), fusing the layer's non-matmul work (norms, rotary, activations, LoRA's
+    extra matmuls and adds). The first step pays the compilation (tens of seconds on a few cores; inductor caches it
+    on disk for the next run); on a CPU it needs a C++ compiler. Not with ZeRO-3 (partitioned parameters). Measured
+    in docs/benchmarks.md."""
+    offload_optimizer: bool = False
+    """DeepSpeed only: keep optimizer state (and the fp32 master weights) in CPU memory, stepped by DeepSpeed's CPU
+    Adam (`zero_optimization.offload_optimizer`)."""
+    offload_params: bool = False
+    """DeepSpeed ZeRO-3 only: keep the parameter partitions in CPU memory between uses
+    (`zero_optimization.offload_param`)."""
+    deepspeed_config: dict[str, Any] = field(default_factory=dict)
+    """DeepSpeed only: a DeepSpeed config (nested mapping) merged over the one built from these keys, key by key,
+    for anything not wrapped here (e.g. `{zero_optimization: {stage3_prefetch_bucket_size: 5e7}}`)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters."""
+
+    def check(self) -> None:
+        need(self.num_workers >= 0, "learner.num_workers must be >= 0 (0 = sized from the cluster's GPUs)")
+        check_resources("learner", self.resources)
+        need(0 <= self.min_lr_ratio <= 1, "learner.min_lr_ratio must be in [0, 1]")
+        need(self.warmup_steps >= 0, "learner.warmup_steps must be >= 0")
+        need(self.lr > 0, "learner.lr must be > 0")
+        need(len(self.betas) == 2, "learner.betas must hold two numbers")
+        need(self.micro_batch_size >= 1, "learner.micro_batch_size must be at least 1")
+        need(self.max_nonfinite_steps >= 1, "learner.max_nonfinite_steps must be at least 1")
+        need(self.zero_stage in (0, 1, 2, 3), "learner.zero_stage must be 0, 1, 2 or 3")
+        need(
+            not (self.lora.enabled and self.backend == "deepspeed" and self.zero_stage == 3),
+            "learner.lora with DeepSpeed ZeRO-3 is not supported: use zero_stage<=2",
+        )
+        need(
+            not (self.compile and self.backend == "deepspeed" and self.zero_stage == 3),
+            "learner.compile with DeepSpeed ZeRO-3 is not supported (its partitioned parameters are gathered by hooks "
+            "inside each layer): use zero_stage<=2 or learner.compile=false",
+        )
+        need(
+            self.lora.quantize == "none" or self.lora.enabled,
+            "learner.lora.quantize=nf4 quantizes the frozen base under LoRA adapters: it needs "
+            "learner.lora.enabled=true",
+        )
+        need(
+            self.lora.quantize == "none" or self.backend == "ddp",
+            "learner.lora.quantize=nf4 runs with learner.backend=ddp only (DeepSpeed would partition the 4-bit "
+            "weights)",
+        )
+        self._check_deepspeed()
+
+    def _check_deepspeed(self) -> None:
+        """The DeepSpeed-only learner keys need `learner.backend=deepspeed` (and parameter offload needs ZeRO-3)."""
+        ds = self.backend == "deepspeed"
+        for key in ("offload_optimizer", "offload_params", "deepspeed_config"):
+            need(
+                ds or not getattr(self, key), f"learner.{key} needs learner.backend=deepspeed (it is {self.backend!r})"
+            )
+        need(
+            not self.offload_optimizer or self.zero_stage >= 1,
+            "learner.offload_optimizer needs learner.zero_stage >= 1 (DeepSpeed offloads ZeRO's optimizer partitions)",
+        )
+        need(
+            not self.offload_params or self.zero_stage == 3,
+            "learner.offload_params needs learner.zero_stage=3 (only ZeRO-3 partitions parameters; it is "
+            f"{self.zero_stage})",
+        )
+        stage = self.deepspeed_config.get("zero_optimization", {})
+        need(
+            isinstance(stage, dict) and stage.get("stage", self.zero_stage) == self.zero_stage,
+            "learner.deepspeed_config.zero_optimization.stage must not differ from learner.zero_stage: set "
+            "learner.zero_stage (the learner's gather, save and load depend on it)",
+        )
+        for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size"):
+            need(
+                key not in self.deepspeed_config,
+                f"learner.deepspeed_config.{key} is set by the learner (learner.micro_batch_size; accumulation is "
+                "driven per step): remove it",
+            )

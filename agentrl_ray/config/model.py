@@ -1,0 +1,57 @@
+"""The policy model and the prompts (`model.*`, `data.*`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from agentrl_ray.config.checking import need
+
+BUILTIN_MODELS = ("tiny", "small", "tiny-grid")  # the sizes of builtin.model.RECIPES
+
+
+@dataclass
+class ModelConfig:
+    """The policy model (`model.*`)."""
+
+    path: str = "builtin:tiny"
+    """builtin:tiny (the project's own 0.44M-parameter chat model, built once and cached), builtin:small (~25M, for
+    benchmarks), builtin:tiny-grid (tiny, warm-started on examples/grid), a local Hugging Face model folder, or a
+    Hub id (org/name[@revision], resolved through the Hugging Face cache to one commit for every node, see
+    infra/hub.py)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of the rollout engines' weights (and of the learner's on GPU; a CPU learner keeps float32 masters)."""
+
+    def check(self) -> None:
+        if self.path.startswith("builtin:"):
+            need(
+                self.path.removeprefix("builtin:") in BUILTIN_MODELS,
+                f"model.path {self.path!r}: the built-in models are "
+                + ", ".join(f"builtin:{m}" for m in BUILTIN_MODELS),
+            )
+        need(
+            self.path.startswith("builtin:") or "://" not in self.path,
+            f"model.path {self.path!r}: a local folder or a Hugging Face Hub id, not a URL",
+        )
+
+
+@dataclass
+class DataConfig:
+    """Training and held-out prompts (`data.*`)."""
+
+    train: str = "builtin:arithmetic"
+    """Training prompts: builtin:arithmetic, builtin:grid, a .jsonl file, a datasets.save_to_disk folder, or
+    parquet/json files."""
+    eval: str = "builtin:arithmetic"
+    """Held-out prompts, in the same forms as data.train."""
+    train_size: int = 4000
+    """Rows generated for builtin:arithmetic training data."""
+    eval_size: int = 200
+    """Rows generated for builtin:arithmetic held-out data."""
+    prompt_column: str = "prompt"
+    """The column holding the prompt (a string, or a list of chat messages)."""
+    seed: int = 0
+    """Seed of the built-in data generator."""
+
+    def check(self) -> None:
+        need(self.eval_size >= 1, "data.eval_size must be at least 1")

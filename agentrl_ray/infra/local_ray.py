@@ -1,0 +1,63 @@
+"""`init_ray`: join the cluster RAY_ADDRESS names, or start the Ray a run starts for itself (no RAY_ADDRESS and no
+`ray start` cluster on this machine): no dashboard, no preemption watcher, no idle workers started ahead.
+
+The dashboard and its module processes add ~1 GiB of summed RSS and ~2 s to every local start (docs/benchmarks.md),
+and a local run is watched through its progress lines, metrics and plots. A cluster's own dashboard (`ray start`,
+`ray up`, `ray job submit`, which `ray.init()` joins) is left as it is.
+
+Without the dashboard there is no state API, which Ray Train's placement-group cleaner polls every second: it asks
+whether Ray Train's controller is alive, to remove the learner's placement group should the controller die
+ungracefully, and logs a warning each time the state API cannot answer. In a local run the driver owns the whole Ray
+instance and ends it with the run, so nothing outlives the controller: the cleaner's logger is raised to ERROR in
+every process of the run (`quiet_state_api_pollers`, Ray's worker setup hook). Ray Train's other state-API user, the
+state actor, only exists with RAY_TRAIN_ENABLE_STATE_TRACKING=1 (off by default).
+
+Two more processes that a one-machine run has no use for, each a Python process importing Ray (~190 MiB RSS and
+~1-2 CPU-seconds at start, when every role competes for the cores; docs/benchmarks.md):
+- Ray Train's preemption watcher, which polls for nodes being drained (spot instances) so that the learner restarts
+  before its node goes: a local run is one node, and if it goes the run goes with it.
+- the workers the raylet prestarts for the first driver: every actor of a run asks for its own runtime environment
+  and process, so those idle workers are never used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentrl_ray.config import Config
+    from agentrl_ray.infra.threads import ThreadPolicy
+
+_POLLER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+
+
+def quiet_state_api_pollers() -> None:
+    """Ray's `worker_process_setup_hook` for a local run: runs once in every worker process as it starts."""
+    logging.getLogger(_POLLER).setLevel(logging.ERROR)
+
+
+def runtime_env(env_vars: dict[str, str]) -> dict:
+    """The job's runtime environment for a local run: the run's variables, no preemption watcher (a value the user
+    exported wins) and the hook above."""
+    env = {_WATCHER: os.environ.get(_WATCHER, "0"), **env_vars}
+    return {"env_vars": env, "worker_process_setup_hook": f"{__name__}.{quiet_state_api_pollers.__name__}"}
+
+
+# Ray's own settings for the instance a local run starts (`ray.init(_system_config=...)`).
+SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+
+
+def init_ray(cfg: Config, threads: ThreadPolicy) -> None:
+    """Join the cluster RAY_ADDRESS names, else start the local Ray described above; nothing when Ray is up."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    env_vars = threads.actor_env()
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
+    else:
+        ray.init(include_dashboard=False, runtime_env=runtime_env(env_vars), _system_config=SYSTEM_CONFIG)

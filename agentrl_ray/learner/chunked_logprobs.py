@@ -1,0 +1,133 @@
+"""Token log-probabilities straight from the last hidden states, never materialising the (B, T, V) logits.
+
+At a real vocabulary the language-model head dominates the learner's memory: Qwen2.5-0.5B's 151,936 logits per
+token are 0.6 MB in float32, so 64 samples of 300 tokens would need 11.7 GB for the logits alone, plus as much for
+their gradient. Here the head's matmul runs chunk by chunk over tokens (logits of a chunk, float32 log-softmax,
+gather, drop), and backward recomputes each chunk's logits instead of keeping them: peak memory is one chunk's
+(chunk, V) temporaries whatever the batch, for one extra head matmul (the head is ~1/4 of a 0.5B model's FLOPs).
+
+Only the positions a loss reads are computed (`needed`): a prompt's tokens and padding are in no loss, and at a real
+vocabulary the head is ~1/3 of the LoRA learner's arithmetic per token (its matmul forward, again in the recompute and
+once more in backward), so a prompt of P tokens in a sequence of T saves that share of P/T of the head.
+
+The result equals `logprobs.token_logprobs_and_entropy(hidden @ weight.T, ...)` up to float rounding, gradients
+included, at every needed position, and is 0 elsewhere (`tests/unit/test_chunked_logprobs.py`). Plain torch: the
+learner (`learner/policy.py`) calls it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+CHUNK_ELEMENTS = 1 << 24  # a chunk's (tokens, V) float32 temporaries are at most this many elements (64 MiB)
+
+
+def chunk_tokens_for(vocab: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
+    """Tokens per chunk so that a chunk's logits hold at most `chunk_elements` elements (at least 16 tokens, so that
+    the matmul stays efficient at any vocabulary)."""
+    return max(16, chunk_elements // vocab)
+
+
+class _HiddenTokenLogProb(torch.autograd.Function):
+    """log softmax((hidden @ weight.T) / temperature)[target] and the (no-grad) entropy, for flat tokens.
+
+    Saves only hidden (N, H), the weight and the (N,) log-normalizers; backward recomputes each chunk's logits.
+    The head matmul runs in `compute_dtype` (bfloat16 under autocast, as the model's own head would), the softmax
+    math in float32.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk, compute_dtype, with_entropy):
+        n = hidden.shape[0]
+        acc = torch.promote_types(hidden.dtype, torch.float32)  # float32 (float64 stays float64: gradcheck)
+        w = weight.to(compute_dtype)  # (V, H): cast once per call (kept for backward), not per chunk
+        out = torch.empty(n, dtype=acc, device=hidden.device)  # (N,)
+        lse = torch.empty_like(out)
+        entropy = torch.zeros_like(out) if with_entropy else out.new_zeros(0)
+        for t0 in range(0, n, chunk):
+            t1 = min(n, t0 + chunk)
+            z = _scaled_logits(hidden[t0:t1], w, acc, temperature)  # (t, V)
+            lse[t0:t1] = torch.logsumexp(z, dim=-1)
+            out[t0:t1] = z.gather(-1, targets[t0:t1, None]).squeeze(-1) - lse[t0:t1]
+            if with_entropy:  # H = lse - sum(p * z), p = exp(z - lse); in place: one (t, V) temporary
+                entropy[t0:t1] = lse[t0:t1] - (z - lse[t0:t1, None]).exp_().mul_(z).sum(-1)
+        ctx.save_for_backward(hidden, w, targets, lse)
+        ctx.temperature, ctx.chunk, ctx.weight_dtype = temperature, chunk, weight.dtype
+        ctx.vocab_slice = max(1, CHUNK_ELEMENTS // weight.shape[1])  # rows of the head's gradient added at once
+        ctx.mark_non_differentiable(entropy)
+        return out, entropy
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_entropy):  # (N,)
+        hidden, w, targets, lse = ctx.saved_tensors
+        temperature = ctx.temperature
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(w.shape, dtype=lse.dtype, device=w.device) if need_w else None
+        for t0 in range(0, hidden.shape[0], ctx.chunk):
+            t1 = min(hidden.shape[0], t0 + ctx.chunk)
+            h = hidden[t0:t1].to(w.dtype)  # (t, H)
+            g = grad_out[t0:t1, None].to(lse.dtype)  # (t, 1)
+            # d logp(y) / dz = onehot(y) - softmax(z), and z = logits / temperature; in place on the recomputed z
+            dz = _scaled_logits(h, w, lse.dtype, temperature).sub_(lse[t0:t1, None]).exp_().mul_(-g)
+            dz.scatter_add_(-1, targets[t0:t1, None], g)
+            if temperature != 1.0:
+                dz.div_(temperature)
+            dz = dz.to(w.dtype)
+            if need_h:
+                grad_h[t0:t1] = (dz @ w).to(hidden.dtype)
+            if need_w:  # the head is trained (full fine-tuning): accumulate in float32 whatever the compute dtype,
+                # a slice of the vocabulary at a time: add_ casts as it adds, so the only temporary is one slice's
+                # product, not a whole (V, H) one and its float32 copy (at 152k x 896: 0.8 GB less on the GPU)
+                for v0 in range(0, w.shape[0], ctx.vocab_slice):
+                    v1 = min(w.shape[0], v0 + ctx.vocab_slice)
+                    grad_w[v0:v1].add_(dz[:, v0:v1].T @ h)
+        return grad_h, (grad_w.to(ctx.weight_dtype) if need_w else None), None, None, None, None, None
+
+
+def _scaled_logits(hidden: Tensor, w: Tensor, acc: torch.dtype, temperature: float) -> Tensor:
+    """(t, V) logits / temperature in the accumulation dtype; the matmul in w's dtype (a fresh tensor: may be
+    modified in place)."""
+    z = torch.nn.functional.linear(hidden.to(w.dtype), w).to(acc)
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
+def hidden_token_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    input_ids: Tensor,
+    with_entropy: bool = True,
+    *,
+    temperature: float = 1.0,
+    chunk: int | None = None,
+    compute_dtype: torch.dtype | None = None,
+    needed: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token log p(input_ids[:, t] | input_ids[:, :t]) and entropy, (B, T) each, from the last hidden states
+    (B, T, H) and the head's weight (V, H); position 0 has no prediction and gets 0 (as token_logprobs_and_entropy).
+
+    `chunk`: tokens per chunk (default: `chunk_tokens_for(V)`). `compute_dtype`: the head matmul's dtype (default:
+    the autocast dtype when autocast is on, else the weight's). `needed` (B, T): the positions whose log-prob the
+    caller reads (e.g. action or environment tokens); the others are not computed and get 0.
+    """
+    bsz, seqlen, width = hidden.shape
+    if compute_dtype is None:
+        on = torch.is_autocast_enabled(hidden.device.type)
+        compute_dtype = torch.get_autocast_dtype(hidden.device.type) if on else weight.dtype
+    chunk = chunk or chunk_tokens_for(weight.shape[0])
+    flat = hidden[:, :-1].reshape(-1, width)  # (B*(T-1), H): position t predicts token t + 1
+    targets = input_ids[:, 1:].reshape(-1)
+    rows = None
+    if needed is not None:
+        rows = needed[:, 1:].reshape(-1).nonzero().squeeze(-1)  # (n,) flat positions that are read
+        flat, targets = flat.index_select(0, rows), targets.index_select(0, rows)  # (n, H), (n,)
+    with torch.autocast(hidden.device.type, enabled=False):  # dtypes are explicit inside
+        logp, ent = _HiddenTokenLogProb.apply(flat, weight, targets, temperature, chunk, compute_dtype, with_entropy)
+    if rows is not None:  # back to (B*(T-1),), zeros where nothing was computed
+        logp = logp.new_zeros(bsz * (seqlen - 1)).index_copy(0, rows, logp)
+        ent = ent.new_zeros(bsz * (seqlen - 1)).index_copy(0, rows, ent) if with_entropy else ent
+    first = logp.new_zeros((bsz, 1))
+    logprobs = torch.cat([first, logp.view(bsz, seqlen - 1)], dim=1)  # (B, T)
+    entropy = torch.cat([first, ent.view(bsz, seqlen - 1)], dim=1) if with_entropy else None
+    return logprobs, entropy

@@ -1,0 +1,90 @@
+"""The update: advantages → loss → backward over micro-batches → optimizer step(s), every rank on its shard."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from agentrl_ray.algorithms import LossNorm, compute_loss, echo_coeff_at
+from agentrl_ray.config import Config
+from agentrl_ray.learner import guards
+from agentrl_ray.learner.batching import build_batch, micro_batches, shard
+from agentrl_ray.learner.policy import Policy
+from agentrl_ray.learner.schedule import lr_at
+from agentrl_ray.types import TrajectoryGroup
+
+
+def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int, pad_id: int) -> dict[str, float]:
+    """Advantages → loss → backward over micro-batches → optimizer step(s); returns averaged metrics."""
+    import ray.train
+
+    rank, world = ray.train.get_context().get_world_rank(), ray.train.get_context().get_world_size()
+    a, lc = cfg.algorithm, cfg.learner
+    full = build_batch(groups, a, pad_id, cfg.rollout.max_total_tokens)
+    # Counts over the whole step's batch (every rank holds it), so the loss is split-invariant.
+    norm = LossNorm.of(full.action_mask, full.env_mask, a.loss_norm_constant or cfg.rollout.max_total_tokens, world)
+    mine = shard(full, rank, world)
+    n_micro = math.ceil(max(len(shard(full, r, world)) for r in range(world)) / lc.micro_batch_size)
+    mbs = [(mb.to(policy.device), w) for mb, w in micro_batches(mine, n_micro)]
+    coeff = echo_coeff_at(cfg.echo, step)
+    old = [mb.rollout_logprobs for mb, _ in mbs]
+    # Every loss and metric reads log-probs through the action or environment mask: prompt and padding positions
+    # are never scored (chunked_logprobs skips their share of the head).
+    scored = [(mb.action_mask + mb.env_mask) > 0 for mb, _ in mbs]  # (b, t) each
+    if a.tis_cap > 0:  # PPO ratio against the learner's own recomputation; TIS weights the rollout mismatch
+        with torch.no_grad():
+            old = [
+                policy.token_logprobs(mb.input_ids, mb.attention_mask, False, needed=s)[0]
+                for (mb, _), s in zip(mbs, scored)
+            ]
+    refs = [None] * len(mbs)
+    if a.beta > 0:
+        refs = [policy.reference_logprobs(mb.input_ids, mb.attention_mask, s) for (mb, _), s in zip(mbs, scored)]
+    sums: dict[str, float] = {}
+    t_opt = 0.0
+    lr = lr_at(
+        step,
+        lc.lr,
+        lc.lr_schedule,
+        warmup_steps=lc.warmup_steps,
+        total_steps=cfg.run.steps,
+        min_lr_ratio=lc.min_lr_ratio,
+    )
+    skipped = 0
+    for _ in range(a.num_iterations):
+        finite = True
+        for i, (mb, weight) in enumerate(mbs):
+            last = i == len(mbs) - 1
+            with policy.grad_sync_context(last):
+                logprobs, entropy = policy.token_logprobs(mb.input_ids, mb.attention_mask, needed=scored[i])
+                loss, metrics = compute_loss(
+                    logprobs,
+                    entropy,
+                    mb,
+                    a,
+                    norm,
+                    old_logprobs=old[i],
+                    echo_coeff=coeff,
+                    echo=cfg.echo,
+                    ref_logprobs=refs[i],
+                )
+                finite &= bool(torch.isfinite(loss))
+                policy.backward(loss * weight, last)
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v * weight * len(mb)
+        if not guards.step_is_finite(policy, finite):  # keep the last good weights (learner/guards.py)
+            guards.skip_step(policy, step)
+            skipped += 1
+            continue
+        t0 = time.perf_counter()
+        sums["grad_norm"] = sums.get("grad_norm", 0.0) + policy.step(lr) * len(mine)
+        t_opt += time.perf_counter() - t0
+    denom = max(1, len(mine)) * a.num_iterations
+    out = {f"loss/{k}": v / denom for k, v in sums.items()}
+    out["time/optimizer_s"] = t_opt
+    out["loss/echo_coeff"] = coeff
+    out["loss/lr"] = lr
+    out["loss/skipped_nonfinite"] = skipped
+    return out
