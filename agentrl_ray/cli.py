@@ -103,16 +103,16 @@ def main(argv: list[str] | None = None) -> int:
         return traces_cli.run(args)
     if args.command == "sft":
         return sft.run(args)
-    if args.command == "doctor":
-        from agentrl_ray.infra.doctor import main as doctor_main
-
-        return doctor_main(*_split(args.args))
     path, overrides = _split(args.args)
     try:
         cfg = load_config(path, overrides)
     except ConfigError as exc:
         print(f"agentrl-ray: config error: {exc}", file=sys.stderr)
         return 2
+    if args.command == "doctor":
+        from agentrl_ray.infra.doctor import main as doctor_main
+
+        return doctor_main(path, overrides)
     if args.command == "config":
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0

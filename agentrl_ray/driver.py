@@ -126,6 +126,7 @@ def _stop_message(metrics_log) -> str | None:
 def train(cfg: Config, pool=None) -> dict[str, Any]:
     """Run training end to end; returns the last reported metrics. `pool`: a RolloutPool to train with instead of
     new engines (tests inspect the engines afterwards); its owner shuts it down."""
+    preflight.resolve_user_code(cfg)  # the user's code imports, before anything is started or written
     resume_from = check_run_dir(cfg)
     model_path = resolve_model(cfg.model.path)
     train_rows = load_rows(cfg.data.train, cfg.data, split="train", size=cfg.data.train_size)

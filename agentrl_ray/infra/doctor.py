@@ -1,14 +1,18 @@
 """`agentrl-ray doctor`: what hardware this machine has, and what each profile would run on it.
 
-agentrl-ray doctor
+    agentrl-ray doctor
+    agentrl-ray doctor examples/calculator/config.yaml rollout.num_workers=2
+
+Each profile's line is the placement plan `agentrl-ray train` would make on this machine (`infra/placement.py`), so
+engine and learner counts left at 0 in the config ("as many as the GPUs allow") show as the numbers they become.
 """
 
 from __future__ import annotations
 
 from agentrl_ray.config import Config, ConfigError
 from agentrl_ray.infra.hardware import Hardware, detect_hardware
+from agentrl_ray.infra.placement import Node, Plan, make_plan
 from agentrl_ray.infra.profiles import load_config, resolve_profile
-from agentrl_ray.infra.sizing import cpus_requested
 from agentrl_ray.infra.threads import ThreadPolicy
 
 
@@ -30,19 +34,21 @@ def hardware_lines(hw: Hardware) -> list[str]:
     return lines
 
 
-def plan_line(name: str, cfg: Config, hw: Hardware) -> str:
+def plan_line(name: str, cfg: Config, hw: Hardware, plan: Plan) -> str:
     r, lr = cfg.rollout, cfg.learner
     policy = ThreadPolicy.of(cfg)
     engine_threads = policy.engine_threads(cores=hw.cpus)
     learner_threads = policy.learner_worker_threads(cores=hw.cpus)
+    engine_gpus = plan.engines[0].resources.get("GPU", 0.0) if plan.engines else 0.0
     device = "GPU" if lr.use_gpu else "CPU"
     dtype = "bf16 autocast" if lr.bf16 else cfg.model.dtype
+    cpus = sum(s.resources.get("CPU", 0.0) for s in plan.engines + plan.env_hosts + plan.learners)
     return (
-        f"{name:<12} {r.num_workers} engine(s) x {engine_threads} threads"
-        f"{f' + {r.num_gpus_per_worker:g} GPU' if r.num_gpus_per_worker else ''} | "
-        f"learner {lr.num_workers} x {lr.backend} on {device} ({learner_threads} threads, {dtype}, "
+        f"{name:<12} {len(plan.engines)} engine(s) x {engine_threads} threads"
+        f"{f' + {engine_gpus:g} GPU' if engine_gpus else ''} | "
+        f"learner {len(plan.learners)} x {lr.backend} on {device} ({learner_threads} threads, {dtype}, "
         f"micro-batch {lr.micro_batch_size}{', LoRA' if lr.lora.enabled else ''}) | sync {cfg.sync.transport} | "
-        f"Ray CPUs {cpus_requested(cfg):g} of {hw.cpus}"
+        f"placement {plan.mode} | Ray CPUs {cpus:g} of {hw.cpus}"
     )
 
 
@@ -50,14 +56,14 @@ def main(path: str | None = None, overrides: list[str] | None = None) -> int:
     hw = detect_hardware()
     print("\n".join(hardware_lines(hw)))
     print(f"\nprofile=auto resolves to {resolve_profile('auto', hw)!r}. What each profile would run here:")
+    node = Node("local", float(hw.cpus), float(hw.gpus), head=True)  # the local Ray that `train` would start
     for name in ("auto", "cpu", "lora", "gpu"):
         try:
             cfg = load_config(path, [*(overrides or []), f"profile={name}"])
-        except ConfigError as exc:
-            print(f"{name:<12} cannot run: {exc}")
+            plan = make_plan([node], cfg)
+        except ConfigError as exc:  # PlacementError included: e.g. profile=gpu on a machine without a GPU
+            print(f"{name:<12} cannot run here: {exc}")
             continue
         label = f"auto ({cfg.profile})" if name == "auto" else name
-        print(plan_line(label, cfg, hw))
-    if hw.gpus == 0:
-        print("gpu needs a CUDA or ROCm GPU; shown for reference.")
+        print(plan_line(label, cfg, hw, plan))
     return 0

@@ -2,6 +2,9 @@
 column or key, instead of minutes into a run (an empty dataset was a ZeroDivisionError mid-run; a prompt over the
 token budget, a column `reset` needs, or an `env.kwargs` typo failed the first rollout).
 
+Before Ray starts (`resolve_user_code`, called by `driver.train` first): the user's code the config names is imported
+(`env.name`, each of `env.tools`, each of `reward.functions`); a failure is one line naming the key and the cause.
+
 What is checked (`check`, called by `driver.train` once Ray is up, with the tokenizer it loaded while Ray started):
 - Each dataset (train and eval) is non-empty.
 - `env.kwargs` bind to the environment's constructor (`inspect.signature(...).bind`).
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +31,39 @@ SAMPLE_ROWS = 16
 _REWARD_ARGUMENTS = frozenset({"prompts", "completions", "episode_stats", "env_rewards"})
 # Dataset columns the worker withholds from reward functions (TRL passes the prompts as `prompts` instead).
 _WITHHELD = frozenset({"prompt", "completion", "completion_ids"})
+
+
+def resolve_user_code(cfg: Config) -> None:
+    """Import the environment class, its tools and the reward functions the config names, in this process, before
+    Ray starts: a misspelled name or a module that fails to import raises ConfigError("<key>: <cause>")."""
+    from agentrl_ray.envs.loading import env_class, import_object, load_env_class
+    from agentrl_ray.rewards import load_reward_functions
+
+    if cfg.env.name:
+        _resolve("env.name", load_env_class, cfg.env.name)
+    for i, spec in enumerate(cfg.env.tools):
+        _resolve(f"env.tools[{i}]", import_object, spec, "tool")
+    _resolve("env.tools", env_class, cfg.env.name, tuple(cfg.env.tools))  # names that clash, non-functions
+    for i, name in enumerate(cfg.reward.functions):
+        _resolve(f"reward.functions[{i}]", load_reward_functions, [name])
+
+
+def _resolve(key: str, load: Callable, *args: Any) -> Any:
+    try:
+        return load(*args)
+    except Exception as e:  # the user's code, whatever it raises: one line, with where it was raised
+        raise ConfigError(f"{key}: {_cause(e)}") from e
+
+
+def _cause(e: BaseException) -> str:
+    """The exception's type and message, and the last frame outside this package when that is where it was raised
+    (a user's module that fails while it is imported)."""
+    text = f"{type(e).__name__}: {e}"
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "/agentrl_ray/" not in f.filename]
+    frames = [f for f in frames if not f.filename.startswith("<frozen")]
+    if frames and not isinstance(e, SyntaxError):  # a SyntaxError's message names its file and line already
+        text += f" ({frames[-1].filename}:{frames[-1].lineno})"
+    return text
 
 
 def check(cfg: Config, model_path: str, train_rows: list[dict], eval_rows: list[dict], tokenizer: Any = None) -> None:
