@@ -23,6 +23,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
 
 from agentrl_ray.config import BUILTIN_MODELS, ConfigError
@@ -37,6 +38,8 @@ USE_COMMANDS = {
     "chat": ("agentrl_ray.trained.chat", "talk to a checkpoint in the terminal, with its tools"),
     "export": ("agentrl_ray.trained.export", "export a checkpoint: merged HF model, LoRA adapter, or GGUF + Modelfile"),
 }
+# Commands whose output is a printout a user may pipe into `head`.
+PRINTING_COMMANDS = frozenset({"config", "plan", "doctor"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,6 +88,18 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        if args.command not in PRINTING_COMMANDS:
+            raise
+        # The reader closed the pipe early (`agentrl-ray config --help | head`): not an error. Python flushes stdout
+        # again at exit, so point it at /dev/null first (the recipe of Python's `signal` docs).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command in USE_COMMANDS:
         try:
             return importlib.import_module(USE_COMMANDS[args.command][0]).main(args)

@@ -1,0 +1,189 @@
+"""The cheap CLI commands run as a user runs them: `python -m agentrl_ray ...` in a subprocess, real arguments, checked
+on exit code, stdout and stderr. None of them starts Ray (`train` here only with input that fails before Ray starts).
+
+`train`, `eval`, `chat`, `export`, `build-model`, `traces` and `sft` with real work are in tests/ray and their own
+unit tests.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "examples" / "calculator" / "config.yaml")
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`agentrl-ray ARGS` as a subprocess of this interpreter, with this checkout first on the path."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return subprocess.run(
+        [sys.executable, "-m", "agentrl_ray", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": path, **(env or {})},
+    )
+
+
+def one_line_error(res: subprocess.CompletedProcess) -> str:
+    """A user's mistake: exit code 2, no traceback, one line on stderr."""
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("agentrl-ray"), res.stderr
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# doctor
+
+
+def test_doctor_prints_the_hardware_and_a_line_per_profile():
+    res = cli("doctor")
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    out = res.stdout
+    for head in ("CPU ", "RAM ", "GPU ", "class "):
+        assert any(line.startswith(head) for line in out.splitlines()), (head, out)
+    assert "profile=auto resolves to" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.split()[:1] in (["auto"], ["cpu"], ["lora"])}
+    assert set(lines) == {"auto", "cpu", "lora"}, out
+    assert "engine(s)" in lines["cpu"] and "learner 1 x" in lines["cpu"] and "placement cpu" in lines["cpu"]
+    assert "LoRA" in lines["lora"]
+    assert any(line.startswith("gpu ") for line in out.splitlines())
+
+
+def test_doctor_with_visible_gpus_plans_the_gpu_profile():
+    """Engine and learner counts left at 0 by the gpu profile show as the numbers the plan makes of them."""
+    res = cli("doctor", CONFIG, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert res.returncode == 0, res.stderr
+    gpu = next(line for line in res.stdout.splitlines() if line.startswith("gpu "))
+    assert "1 engine(s)" in gpu and "+ 1 GPU" in gpu and "learner 1 x" in gpu and "on GPU" in gpu, gpu
+
+
+def test_doctor_with_a_bad_override_is_one_line():
+    assert "learner.bogus" in one_line_error(cli("doctor", "learner.bogus=1"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# config
+
+
+def test_config_prints_the_resolved_config_as_json():
+    res = cli("config", CONFIG, "learner.lr=1e-5", "rollout.group_size=4")
+    assert res.returncode == 0, res.stderr
+    cfg = json.loads(res.stdout)
+    assert cfg["learner"]["lr"] == 1e-5 and cfg["rollout"]["group_size"] == 4
+    assert cfg["env"]["name"] == "agentrl_ray.envs.builtin.calculator:CalculatorEnv"
+    assert cfg["profile"] in ("cpu", "gpu")  # auto is resolved
+
+
+def test_config_help_lists_the_keys():
+    res = cli("config", "--help")
+    assert res.returncode == 0, res.stderr
+    assert "learner.lr: float" in res.stdout and "rollout.group_size" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("learner.lrr=1",), "learner.lrr"),
+        (("learner.lr=fast",), "learner.lr"),
+        (("does/not/exist.yaml",), "does/not/exist.yaml"),
+    ],
+)
+def test_config_errors_are_one_line(args, named):
+    assert named in one_line_error(cli("config", *args))
+
+
+def test_config_piped_into_head_ends_quietly():
+    """`agentrl-ray config --help | head` closes the pipe early: no BrokenPipeError traceback."""
+    proc = subprocess.run(
+        f"{sys.executable} -m agentrl_ray config --help | head -n 2",
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))},
+    )
+    assert len(proc.stdout.splitlines()) == 2
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# plan
+
+
+def test_plan_for_given_nodes():
+    nodes = json.dumps([{"count": 2, "CPU": 32, "GPU": 8}])
+    res = cli("plan", CONFIG, "profile=gpu", "--nodes", nodes)
+    assert res.returncode == 0, res.stderr
+    first = res.stdout.splitlines()[0]
+    assert "mode=separate" in first and "2 node(s)" in first and "16 GPU(s)" in first
+    assert "8 engine(s)" in first and "8 learner rank(s)" in first
+
+
+def test_plan_as_json_with_overrides_after_nodes():
+    res = cli("plan", CONFIG, "--nodes", '[{"CPU": 8}]', "--json", "rollout.num_workers=2")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert plan["mode"] == "cpu" and len(plan["engines"]) == 2 and len(plan["learners"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("nodes", "named"),
+    [
+        ("not json", "--nodes"),
+        ('[{"CPU": 1}]', "CPU"),  # too small for the run
+    ],
+)
+def test_plan_errors_are_one_line(nodes, named):
+    assert named in one_line_error(cli("plan", CONFIG, "--nodes", nodes))
+
+
+def test_plan_gpu_profile_without_gpus_is_one_line():
+    assert "use profile=cpu" in one_line_error(cli("plan", CONFIG, "profile=gpu", "--nodes", '[{"CPU": 64}]'))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# train: the user's code is imported before Ray starts
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "cause"),
+    [
+        ("env.name=agentrl_ray.envs.builtin.calculator:CalculatorEnvv", "env.name", "CalculatorEnvv"),
+        ("env.name=no_such_module.env:Env", "env.name", "No module named 'no_such_module'"),
+        ("reward.functions=[answer_matchh]", "reward.functions[0]", "unknown reward function 'answer_matchh'"),
+        ("reward.functions=[no_such_module:score]", "reward.functions[0]", "no_such_module"),
+        ("env.tools=[os:getcwdd]", "env.tools[0]", "getcwdd"),
+    ],
+)
+def test_train_with_unimportable_user_code_fails_before_ray(tmp_path, override, key, cause):
+    start = time.monotonic()
+    res = cli("train", CONFIG, override, f"run.output_dir={tmp_path}")
+    line = one_line_error(res)
+    assert line.startswith(f"agentrl-ray: {key}: ") and cause in line, line
+    assert time.monotonic() - start < 30  # no Ray start, no model load
+    assert not (tmp_path / "calculator").exists()  # nothing written for a run that never started
+
+
+def test_train_with_a_user_module_that_raises_names_its_line(tmp_path):
+    (tmp_path / "broken_env.py").write_text("import json\n\nraise RuntimeError('half-written env')\n")
+    res = cli(
+        "train",
+        CONFIG,
+        "env.name=broken_env:MyEnv",
+        f"run.output_dir={tmp_path}",
+        env={"PYTHONPATH": os.pathsep.join((str(ROOT), str(tmp_path)))},
+    )
+    line = one_line_error(res)
+    assert line.startswith("agentrl-ray: env.name: RuntimeError: half-written env"), line
+    assert f"{tmp_path / 'broken_env.py'}:3" in line, line
