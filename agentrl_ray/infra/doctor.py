@@ -35,7 +35,7 @@ def hardware_lines(hw: Hardware) -> list[str]:
 
 
 def plan_line(name: str, cfg: Config, hw: Hardware, plan: Plan) -> str:
-    r, lr = cfg.rollout, cfg.learner
+    lr = cfg.learner
     policy = ThreadPolicy.of(cfg)
     engine_threads = policy.engine_threads(cores=hw.cpus)
     learner_threads = policy.learner_worker_threads(cores=hw.cpus)
