@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 
-from agentrl_ray.config import BUILTIN_MODELS, ConfigError
+from agentrl_ray.config import BUILTIN_MODELS, ConfigError, parse_overrides
 from agentrl_ray.config import help as config_help
 from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.traces import cli as traces_cli
@@ -140,9 +140,18 @@ def _run(args: argparse.Namespace) -> int:
             print(f"agentrl-ray: {exc}", file=sys.stderr)
             return 2
         return 0
-    from agentrl_ray.driver import train
+    from agentrl_ray.driver import fresh_run_name, train
     from agentrl_ray.types import RunStopped
 
+    if not cfg.run.resume and "name" not in parse_overrides(overrides).get("run", {}):
+        # A name from the YAML or the default names a kind of run, not this one: an earlier run of that name is
+        # kept and this one gets the next free name. A name given on the command line is used as given.
+        earlier, cfg.run.name = cfg.run_dir, fresh_run_name(cfg.run)
+        if cfg.run_dir != earlier:
+            print(
+                f"agentrl-ray: {earlier} holds an earlier run (continue it with run.name={earlier.name} "
+                f"run.resume=true); this run is {cfg.run.name}: {cfg.run_dir}"
+            )
     try:
         metrics = train(cfg)
     except ConfigError as exc:

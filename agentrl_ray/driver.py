@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_ray.builtin.resolve import resolve_model
-from agentrl_ray.config import Config, ConfigError
+from agentrl_ray.config import Config, ConfigError, RunConfig
 from agentrl_ray.data import load_rows
 from agentrl_ray.infra.allocator import allocator_env
 from agentrl_ray.infra.local_ray import init_ray
@@ -35,13 +35,11 @@ HEALTH_CHECK_TIMEOUT = "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S"  # Ray Train v2
 def check_run_dir(cfg: Config) -> Path | None:
     """Never silently overwrite or silently restart a run: resume must be asked for, and possible. On resume, repair
     what a crash tore and return the checkpoint to resume from when Ray Train's snapshot cannot say (resume.py)."""
-    from agentrl_ray.infra.storage import checkpoint_root, exists, is_uri
+    from agentrl_ray.infra.storage import checkpoint_root, is_uri
 
     root = checkpoint_root(cfg.run.output_dir, cfg.run.storage_path)
     local = None if is_uri(root) else Path(root) / cfg.run.name  # cloud storage: not verified here
-    has_checkpoint = exists(root, f"{cfg.run.name}/{SNAPSHOT}") or (
-        local is not None and any(local.glob("checkpoint_*/trainer_state.pt"))
-    )
+    has_checkpoint = has_checkpoints(cfg.run, cfg.run.name)
     if has_checkpoint and not cfg.run.resume:
         raise ConfigError(
             f"{cfg.run_dir} already holds checkpoints of a run named {cfg.run.name!r}: pass "
@@ -55,6 +53,27 @@ def check_run_dir(cfg: Config) -> Path | None:
         return None
     resume.repair_metrics(cfg.run_dir / "metrics.jsonl")
     return resume.prepare(local) if local is not None else None
+
+
+def has_checkpoints(run: RunConfig, name: str) -> bool:
+    """Does the run folder `name` hold checkpoints (Ray Train's snapshot, or a checkpoint the learner wrote)?"""
+    from agentrl_ray.infra.storage import checkpoint_root, exists, is_uri
+
+    root = checkpoint_root(run.output_dir, run.storage_path)
+    return exists(root, f"{name}/{SNAPSHOT}") or (
+        not is_uri(root) and any((Path(root) / name).glob("checkpoint_*/trainer_state.pt"))
+    )
+
+
+def fresh_run_name(run: RunConfig) -> str:
+    """`run.name`, or the first of name-2, name-3, ... that no earlier run has used (no checkpoints, no output
+    folder): for a run whose name nobody chose on the command line, so `make run` works every time and keeps the
+    earlier runs."""
+    name, n = run.name, 1
+    while has_checkpoints(run, name) or (Path(run.output_dir).expanduser() / name).exists():
+        n += 1
+        name = f"{run.name}-{n}"
+    return name
 
 
 def _ray_initialized() -> bool:

@@ -187,3 +187,70 @@ def test_train_with_a_user_module_that_raises_names_its_line(tmp_path):
     line = one_line_error(res)
     assert line.startswith("agentrl-ray: env.name: RuntimeError: half-written env"), line
     assert f"{tmp_path / 'broken_env.py'}:3" in line, line
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# train twice: a run whose name nobody chose on the command line never stops at an earlier run's folder
+
+
+def earlier_run(output_dir: Path, name: str) -> Path:
+    """A run folder as a finished run leaves it: a checkpoint the learner wrote, and metrics."""
+    folder = output_dir / name
+    (folder / "checkpoint_000010").mkdir(parents=True)
+    (folder / "checkpoint_000010" / "trainer_state.pt").write_bytes(b"state")
+    (folder / "metrics.jsonl").write_text('{"step": 1}\n')
+    return folder
+
+
+def test_fresh_run_name_skips_used_names(tmp_path):
+    from agentrl_ray.config import RunConfig
+    from agentrl_ray.driver import fresh_run_name
+
+    run = RunConfig(name="calculator", output_dir=str(tmp_path))
+    assert fresh_run_name(run) == "calculator"
+    earlier_run(tmp_path, "calculator")
+    assert fresh_run_name(run) == "calculator-2"
+    (tmp_path / "calculator-2").mkdir()  # an attempt that never checkpointed still keeps its folder
+    assert fresh_run_name(run) == "calculator-3"
+    # Checkpoints kept apart from the outputs (run.storage_path) count too.
+    store = tmp_path / "store"
+    earlier_run(store, "calculator-3")
+    assert fresh_run_name(RunConfig(name="calculator", output_dir=str(tmp_path), storage_path=str(store))) == (
+        "calculator-4"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        ((), "calculator-2"),  # the README's `make run`, a second time
+        (("run.name=calculator", "run.resume=true"), "calculator"),  # continue the earlier run
+        (("run.resume=true",), "calculator"),
+        (("run.name=other",), "other"),
+    ],
+)
+def test_train_names_the_run(tmp_path, monkeypatch, capsys, args, name):
+    from agentrl_ray import driver
+    from agentrl_ray.cli import main
+
+    earlier = earlier_run(tmp_path, "calculator")
+    trained = []
+    monkeypatch.setattr(driver, "train", lambda cfg: trained.append(cfg.run.name) or {})
+    assert main(["train", CONFIG, f"run.output_dir={tmp_path}", *args]) == 0
+    assert trained == [name]
+    out = capsys.readouterr().out
+    assert (f"{earlier} holds an earlier run" in out) == (name == "calculator-2"), out
+    assert (earlier / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_train_a_second_time_from_the_command_line(tmp_path):
+    """As a user runs it (the bad env.name stops it before Ray starts): a new name for the run, and the earlier
+    run is named in one line; with run.name given, the earlier run is an error, as before."""
+    earlier = earlier_run(tmp_path, "calculator")
+    res = cli("train", CONFIG, f"run.output_dir={tmp_path}", "env.name=no_such_module:Env")
+    assert f"{earlier} holds an earlier run (continue it with run.name=calculator run.resume=true)" in res.stdout
+    assert f"this run is calculator-2: {tmp_path / 'calculator-2'}" in res.stdout
+    assert "already holds checkpoints" in one_line_error(
+        cli("train", CONFIG, f"run.output_dir={tmp_path}", "run.name=calculator")
+    )
+    assert (earlier / "metrics.jsonl").exists()
