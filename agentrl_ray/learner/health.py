@@ -6,7 +6,10 @@ history and combines the checks. The verdict goes to the console line and to met
 
 - no learning signal: every group's rewards equal (all groups zero-variance): the advantages are all 0;
 - reward variance collapsing: the mean within-group reward std falls far below its running peak;
-- entropy collapse (the policy turns deterministic, exploration ends) or blow-up (it turns to noise);
+- entropy collapse (the policy turns deterministic, exploration ends) or blow-up (it turns to noise). A policy that
+  sharpens onto a high, steady success has converged, not collapsed: falling entropy counts only while the training
+  success (`rollout/success`) is low or falling (the default run ends at entropy 0.02x its start with held-out
+  success 0.92, steady);
 - KL blowing up: `loss/kl` to the reference, or the learner/rollout KL `loss/mismatch_kl` (overlapped, it measures
   how far the last update moved the policy: a too-large step shows here before the reward falls);
 - clip fraction blowing up: most tokens' ratios are outside the trust region;
@@ -38,6 +41,11 @@ class Thresholds:
     grad_spike: tuple[float, float] = (5.0, 20.0)  # multiples of the running median grad norm
     tool_error_rate: tuple[float, float] = (0.5, 0.9)
     baseline_steps: int = 3  # steps whose median entropy is the baseline
+    # Converged: the mean training success of the last `converged_window` steps is at least `converged_success` and
+    # within `converged_drop` of the best such mean so far. Then low entropy is no finding.
+    converged_success: float = 0.7
+    converged_window: int = 5
+    converged_drop: float = 0.1
     window: int = 20  # steps of grad-norm history
 
 
@@ -47,6 +55,8 @@ class History:
     entropies: list[float] = field(default_factory=list)
     peak_group_std: float = 0.0
     zero_variance_streak: int = 0
+    successes: list[float] = field(default_factory=list)  # the last `converged_window` steps' rollout/success
+    best_success: float = 0.0  # the best mean of `successes` so far
 
 
 Finding = tuple[int, str]  # (level, reason)
@@ -75,7 +85,22 @@ def check_signal(m: dict[str, Any], h: History, t: Thresholds) -> list[Finding]:
     return findings
 
 
+def success_held(m: dict[str, Any], h: History, t: Thresholds) -> tuple[bool, float | None]:
+    """(is the training success high and steady, its mean over the last `t.converged_window` steps or None before
+    that many steps). Steady: within `t.converged_drop` of the best such mean so far, so a falling success is not."""
+    success = m.get("rollout/success")
+    if success is None or not math.isfinite(success):
+        return False, None
+    h.successes = (h.successes + [success])[-t.converged_window :]
+    if len(h.successes) < t.converged_window:
+        return False, None
+    recent = statistics.fmean(h.successes)
+    h.best_success = max(h.best_success, recent)
+    return recent >= t.converged_success and recent >= h.best_success - t.converged_drop, recent
+
+
 def check_entropy(m: dict[str, Any], h: History, t: Thresholds) -> list[Finding]:
+    held, recent = success_held(m, h, t)  # every step, so the window is whole when entropy falls
     entropy = m.get("loss/entropy")
     if entropy is None or not math.isfinite(entropy):
         return []
@@ -85,10 +110,17 @@ def check_entropy(m: dict[str, Any], h: History, t: Thresholds) -> list[Finding]
     if not baseline:
         return []
     ratio = entropy / baseline
+    if ratio < 1 and held:  # sharpened onto a high, steady success: convergence
+        return []
+    context = (
+        f"; success {recent:.2f} over the last {t.converged_window} steps" if ratio < 1 and recent is not None else ""
+    )
     if ratio < t.entropy_low[1] or ratio > t.entropy_high[1]:
-        return [(RED, f"entropy {entropy:.3f} vs baseline {baseline:.3f} ({'collapse' if ratio < 1 else 'blow-up'})")]
+        kind = "collapse" if ratio < 1 else "blow-up"
+        return [(RED, f"entropy {entropy:.3f} vs baseline {baseline:.3f} ({kind}{context})")]
     if ratio < t.entropy_low[0] or ratio > t.entropy_high[0]:
-        return [(WARN, f"entropy {entropy:.3f} vs baseline {baseline:.3f} ({'falling' if ratio < 1 else 'rising'})")]
+        kind = "falling" if ratio < 1 else "rising"
+        return [(WARN, f"entropy {entropy:.3f} vs baseline {baseline:.3f} ({kind}{context})")]
     return []
 
 
