@@ -114,10 +114,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "config" and args.help:
         print(config_help.render())
         return 0
-    if args.command == "traces":
-        return traces_cli.run(args)
-    if args.command == "sft":
-        return sft.run(args)
+    if args.command in ("traces", "sft"):
+        try:
+            return (traces_cli if args.command == "traces" else sft).run(args)
+        except ConfigError as exc:  # the trace files, the model folder
+            print(f"agentrl-ray {args.command}: {exc}", file=sys.stderr)
+            return 2
     path, overrides = _split(args.args)
     try:
         cfg = load_config(path, overrides)

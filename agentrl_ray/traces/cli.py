@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from agentrl_ray.config import ConfigError
 from agentrl_ray.traces.convert import FORMATS, build_rows, save_dataset
 from agentrl_ray.traces.records import read_records
 
@@ -24,7 +25,11 @@ def add_parsers(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    records = read_records(args.source)
-    ds = save_dataset(build_rows(records, args.format, args.threshold), args.out)
+    try:  # the user's files: a bad line or an unusable set of records is one line naming it
+        records = read_records(args.source)
+        rows = build_rows(records, args.format, args.threshold)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    ds = save_dataset(rows, args.out)
     print(json.dumps({"records": len(records), "rows": len(ds), "columns": ds.column_names, "out": args.out}))
     return 0

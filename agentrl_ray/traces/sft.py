@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_ray.builtin.resolve import resolve_model
+from agentrl_ray.config import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,11 @@ def run_sft(source: str, model: str, out_dir: str, opts: SFTOptions) -> dict[str
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
+    try:  # the user's files first: a bad line fails before the model loads
+        rows = prompt_completion(load_sft_rows(source, opts.threshold))
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     model_path = resolve_model(model)
-    rows = prompt_completion(load_sft_rows(source, opts.threshold))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     args = SFTConfig(
         output_dir=str(Path(out_dir) / "trainer"),

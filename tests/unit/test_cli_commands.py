@@ -153,6 +153,66 @@ def test_plan_gpu_profile_without_gpus_is_one_line():
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# every command's --help, and traces convert on small files
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("train",), ("plan",), ("build-model",), ("traces", "convert"), ("sft",), ("doctor",), ("eval",), ("chat",),
+     ("export",)],
+)  # fmt: skip
+def test_every_command_has_help(command):
+    res = cli(*command, "--help")
+    assert res.returncode == 0 and res.stdout.startswith(f"usage: agentrl-ray {' '.join(command)}"), res
+    assert not res.stderr, res.stderr
+
+
+def trace_file(tmp_path: Path) -> Path:
+    """Two answers to one question, a right one (reward 1) and a wrong one (reward 0): an agent's logs."""
+    rows = [
+        {"messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": a}], "reward": r}
+        for a, r in (("4", 1), ("5", 0))
+    ]
+    path = tmp_path / "logs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize(("fmt", "rows", "column"), [("sft", 1, "messages"), ("preference", 1, "chosen")])
+def test_traces_convert(tmp_path, fmt, rows, column):
+    out = tmp_path / "out"
+    res = cli("traces", "convert", str(trace_file(tmp_path)), "--format", fmt, "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["records"] == 2 and summary["rows"] == rows and column in summary["columns"]
+    assert (out / "dataset_info.json").exists()
+
+
+def test_traces_convert_bad_input_is_one_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n')
+    line = one_line_error(cli("traces", "convert", str(bad), "--format", "sft", "--out", str(tmp_path / "o")))
+    assert (
+        line == f"agentrl-ray traces: {bad}:1: a trace record needs a numeric 'reward' or a boolean 'success'/'label'"
+    )
+    missing = tmp_path / "missing.jsonl"
+    line = one_line_error(cli("traces", "convert", str(missing), "--format", "sft", "--out", str(tmp_path / "o")))
+    assert line == f"agentrl-ray traces: {missing}: no such trace file or folder"
+
+
+def test_sft_bad_input_is_one_line_before_the_model_loads(tmp_path, capsys):
+    from agentrl_ray.cli import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "q"}], "reward": 1}\n')
+    # The model folder does not exist either: the trace file, the user's first input, is what the line names.
+    assert main(["sft", str(bad), "--model", str(tmp_path / "no_model"), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == f"agentrl-ray sft: {bad}:1: the messages hold no assistant message\n"
+    assert main(["sft", str(trace_file(tmp_path)), "--model", str(tmp_path / "no_model"), "--out", "o"]) == 2
+    assert "is not a Hugging Face model folder" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # train: the user's code is imported before Ray starts
 
 
