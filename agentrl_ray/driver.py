@@ -66,14 +66,21 @@ def has_checkpoints(run: RunConfig, name: str) -> bool:
 
 
 def fresh_run_name(run: RunConfig) -> str:
-    """`run.name`, or the first of name-2, name-3, ... that no earlier run has used (no checkpoints, no output
-    folder): for a run whose name nobody chose on the command line, so `make run` works every time and keeps the
-    earlier runs."""
+    """`run.name`, or the first of name-2, name-3, ... that no earlier run has used (no checkpoints, no metrics):
+    for a run whose name nobody chose on the command line, so `make run` works every time and keeps the earlier
+    runs. A folder left by an attempt that failed before its first step holds neither and is used again."""
     name, n = run.name, 1
-    while has_checkpoints(run, name) or (Path(run.output_dir).expanduser() / name).exists():
+    while has_checkpoints(run, name) or (Path(run.output_dir).expanduser() / name / "metrics.jsonl").exists():
         n += 1
         name = f"{run.name}-{n}"
     return name
+
+
+def _rows(cfg: Config, split: str, spec: str, size: int) -> list[dict]:
+    try:
+        return load_rows(spec, cfg.data, split=split, size=size)
+    except ConfigError as e:  # a missing file, a broken row: named by its key
+        raise ConfigError(f"data.{split}: {e}") from e
 
 
 def _ray_initialized() -> bool:
@@ -148,8 +155,8 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
     preflight.resolve_user_code(cfg)  # the user's code imports, before anything is started or written
     resume_from = check_run_dir(cfg)
     model_path = resolve_model(cfg.model.path)
-    train_rows = load_rows(cfg.data.train, cfg.data, split="train", size=cfg.data.train_size)
-    eval_rows = load_rows(cfg.data.eval, cfg.data, split="eval", size=cfg.data.eval_size)
+    train_rows = _rows(cfg, "train", cfg.data.train, cfg.data.train_size)
+    eval_rows = _rows(cfg, "eval", cfg.data.eval, cfg.data.eval_size)
     if cfg.learner.lora.quantize != "none":  # validate() allows it only with LoRA
         from agentrl_ray.learner.qlora import require_bitsandbytes
 

@@ -3,7 +3,8 @@ column or key, instead of minutes into a run (an empty dataset was a ZeroDivisio
 token budget, a column `reset` needs, or an `env.kwargs` typo failed the first rollout).
 
 Before Ray starts (`resolve_user_code`, called by `driver.train` first): the user's code the config names is imported
-(`env.name`, each of `env.tools`, each of `reward.functions`); a failure is one line naming the key and the cause.
+(`env.name`, each of `env.tools`, each of `reward.functions`) and `env.kwargs` are bound to the environment's
+constructor; a failure is one line naming the key and the cause.
 
 What is checked (`check`, called by `driver.train` once Ray is up, with the tokenizer it loaded while Ray started):
 - Each dataset (train and eval) is non-empty.
@@ -43,7 +44,8 @@ def resolve_user_code(cfg: Config) -> None:
         _resolve("env.name", load_env_class, cfg.env.name)
     for i, spec in enumerate(cfg.env.tools):
         _resolve(f"env.tools[{i}]", import_object, spec, "tool")
-    _resolve("env.tools", env_class, cfg.env.name, tuple(cfg.env.tools))  # names that clash, non-functions
+    cls = _resolve("env.tools", env_class, cfg.env.name, tuple(cfg.env.tools))  # names that clash, non-functions
+    check_env_kwargs(cls, cfg.env.kwargs, cfg.env.name)
     for i, name in enumerate(cfg.reward.functions):
         _resolve(f"reward.functions[{i}]", load_reward_functions, [name])
 

@@ -213,7 +213,7 @@ def test_sft_bad_input_is_one_line_before_the_model_loads(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# train: the user's code is imported before Ray starts
+# train: the user's code is imported, its data read and env.kwargs bound before Ray starts
 
 
 @pytest.mark.parametrize(
@@ -224,13 +224,16 @@ def test_sft_bad_input_is_one_line_before_the_model_loads(tmp_path, capsys):
         ("reward.functions=[answer_matchh]", "reward.functions[0]", "unknown reward function 'answer_matchh'"),
         ("reward.functions=[no_such_module:score]", "reward.functions[0]", "no_such_module"),
         ("env.tools=[os:getcwdd]", "env.tools[0]", "getcwdd"),
+        ("env.kwargs={bogus: 1}", "env.kwargs", "unexpected keyword argument 'bogus'"),
+        ("data.train=/no/such/train.jsonl", "data.train", "'/no/such/train.jsonl' does not exist"),
+        ("data.eval=builtin:nosuch", "data.eval", "'builtin:nosuch' does not exist"),
     ],
 )
 def test_train_with_unimportable_user_code_fails_before_ray(tmp_path, override, key, cause):
     start = time.monotonic()
     res = cli("train", CONFIG, override, f"run.output_dir={tmp_path}")
     line = one_line_error(res)
-    assert line.startswith(f"agentrl-ray: {key}: ") and cause in line, line
+    assert line.startswith(f"agentrl-ray: {key}") and cause in line, line
     assert time.monotonic() - start < 30  # no Ray start, no model load
     assert not (tmp_path / "calculator").exists()  # nothing written for a run that never started
 
@@ -270,7 +273,9 @@ def test_fresh_run_name_skips_used_names(tmp_path):
     assert fresh_run_name(run) == "calculator"
     earlier_run(tmp_path, "calculator")
     assert fresh_run_name(run) == "calculator-2"
-    (tmp_path / "calculator-2").mkdir()  # an attempt that never checkpointed still keeps its folder
+    (tmp_path / "calculator-2").mkdir()  # an attempt that failed before its first step: nothing to keep
+    assert fresh_run_name(run) == "calculator-2"
+    (tmp_path / "calculator-2" / "metrics.jsonl").write_text('{"step": 1}\n')  # one that never checkpointed
     assert fresh_run_name(run) == "calculator-3"
     # Checkpoints kept apart from the outputs (run.storage_path) count too.
     store = tmp_path / "store"
