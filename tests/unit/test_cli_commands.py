@@ -167,6 +167,13 @@ def test_every_command_has_help(command):
     assert not res.stderr, res.stderr
 
 
+def test_build_model_prints_the_cached_model(builtin_model_path):
+    """With the model built (the session's fixture, the same cache), `build-model` prints its folder and returns."""
+    res = cli("build-model")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == builtin_model_path
+
+
 def trace_file(tmp_path: Path) -> Path:
     """Two answers to one question, a right one (reward 1) and a wrong one (reward 0): an agent's logs."""
     rows = [
