@@ -167,6 +167,15 @@ def test_every_command_has_help(command):
     assert not res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("command", [("eval",), ("chat",), ("export", "--format", "merged")])
+def test_using_a_run_that_is_not_there_is_one_line(tmp_path, command):
+    """eval, chat and export on a missing run folder, and on a folder without a checkpoint."""
+    missing = tmp_path / "no_run"
+    assert one_line_error(cli(command[0], str(missing), *command[1:])).endswith(f"checkpoint {missing} does not exist")
+    line = one_line_error(cli(command[0], str(tmp_path), *command[1:]))
+    assert line.endswith("is neither a checkpoint_NNNNNN folder nor a run folder holding one"), line
+
+
 def test_build_model_prints_the_cached_model(builtin_model_path):
     """With the model built (the session's fixture, the same cache), `build-model` prints its folder and returns."""
     res = cli("build-model")
