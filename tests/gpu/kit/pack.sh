@@ -27,7 +27,7 @@ XZ_ARGS=${XZ_ARGS:--T1 --lzma2=preset=9e,dict=256MiB}
 LIMIT_MIB=${LIMIT_MIB:-64}
 log() { echo "[pack.sh $(date +%H:%M:%S)] $*"; }
 # pip through the venv, without the warnings about this machine's configured local indexes that are absent.
-pip_() { timeout 600 "$VENV_PY" -m pip "$@" 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }; }
+pip_() { timeout 600 "$VENV_PY" -m pip "$@" 2>&1 | { grep -v 'is ignored: it is neither a file nor a dir' || true; }; }
 
 # What the GPU image (torch, transformers, peft, accelerate, pytest, numpy, safetensors, huggingface_hub,
 # tokenizers and their own dependencies) lacks for tests/gpu/test_gpu_e2e.py and test_gpu_learner.py, as
@@ -170,8 +170,12 @@ git archive --format=tar.gz HEAD -- . ':(exclude)docs/benchmarks' ':(exclude)ben
 # The folder the current code names (built here first if missing: a few minutes on CPU).
 log "the built-in tiny model"
 MODEL=$(cd "$ROOT" && AGENTRL_CACHE=${AGENTRL_CACHE:-$ROOT/.cache/agentrl_ray} PYTHONPATH="$ROOT" \
-  timeout 900 "$VENV_PY" -c 'from agentrl_ray.builtin_model import ensure_builtin_model; print(ensure_builtin_model())' \
-  | tail -1)
+  timeout 900 "$VENV_PY" -c '
+try:
+    from agentrl_ray.builtin.model import ensure_builtin_model
+except ImportError:  # before the package by role
+    from agentrl_ray.builtin_model import ensure_builtin_model
+print(ensure_builtin_model())' | tail -1)
 mkdir -p "$OUTDIR/agentrl_cache/models"
 cp -r "$MODEL" "$OUTDIR/agentrl_cache/models/"
 echo "  $(basename "$MODEL") ($(du -sh "$MODEL" | cut -f1))"
@@ -182,8 +186,8 @@ cp "$HERE/run.sh" "$HERE/README.md" "$OUTDIR/"
 log "kit in $OUTDIR:"
 (cd "$OUTDIR" && du -sk -- * | awk '{printf "  %8.2f MiB  %s\n", $1 / 1024, $2}')
 TOTAL_BYTES=$(find "$OUTDIR" -type f -printf '%s\n' | awk '{s += $1} END {print s}')
-echo "  total: $(awk -v b="$TOTAL_BYTES" 'BEGIN {printf "%.2f", b / 1048576}') MiB in $(find "$OUTDIR" -type f | wc -l)" \
-  "files, limit $LIMIT_MIB MiB"
+echo "  total: $(awk -v b="$TOTAL_BYTES" 'BEGIN {printf "%.2f", b / 1048576}') MiB" \
+  "in $(find "$OUTDIR" -type f | wc -l) files, limit $LIMIT_MIB MiB"
 if [ "$TOTAL_BYTES" -gt $((LIMIT_MIB * 1048576)) ]; then
   echo "pack.sh: the kit is over $LIMIT_MIB MiB: it cannot travel with one device command" >&2
   exit 1
