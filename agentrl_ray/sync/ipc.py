@@ -105,6 +105,15 @@ def ipc_update(
     return update, buffers
 
 
+def release(buffers: list[torch.Tensor]) -> None:
+    """The sender's side once every engine has loaded: drop the buffers, and let torch free the ones it kept for
+    their consumers (a shared CUDA block stays in torch's limbo until `ipc_collect` sees its consumers gone)."""
+    on_gpu = any(b.is_cuda for b in buffers)
+    buffers.clear()
+    if on_gpu:
+        torch.cuda.ipc_collect()
+
+
 def received_tensors(update: WeightUpdate) -> Iterator[tuple[str, torch.Tensor]]:
     """The engine side: the update's named tensors, views of each bucket opened as the iterator reaches it."""
     start = 0

@@ -22,7 +22,7 @@ import torch
 
 from agentrl_ray.config import Config
 from agentrl_ray.sync.collective import CollectiveBackend, CollectiveGroup, collective_backend, free_port, plan_buckets
-from agentrl_ray.sync.ipc import ipc_update
+from agentrl_ray.sync.ipc import ipc_update, release
 from agentrl_ray.sync.packing import dtype_name, pack
 from agentrl_ray.types import TensorMeta, WeightUpdate
 
@@ -114,8 +114,11 @@ class IpcSender:
         """Share the weights and return when every engine has loaded them; then the buffers are freed."""
         dtype = self.engine_dtype if self.lora_scaling is None else None  # adapters stay float32 for the merge
         update, buffers = ipc_update(named, version, self.bucket_bytes, dtype=dtype, lora_scaling=self.lora_scaling)
-        ray.get([w.receive_weights.remote(update) for w in self.workers], timeout=DEADLINE_S)
-        del update, buffers
+        try:
+            ray.get([w.receive_weights.remote(update) for w in self.workers], timeout=DEADLINE_S)
+        finally:
+            del update
+            release(buffers)
 
     def take_pending(self) -> None:
         return None  # every push is loaded before it returns
