@@ -21,12 +21,58 @@ import torch
 from torch import Tensor
 
 CHUNK_ELEMENTS = 1 << 24  # a chunk's (tokens, V) float32 temporaries are at most this many elements (64 MiB)
+# On a GPU memory is plentiful and a 110-token chunk (at 152k vocabulary) starves the head's matmul and launches
+# ~10 kernels per chunk: 512 MiB chunks (883 tokens at 152k) keep the matmul large (benchmarks/learner_throughput.py).
+CUDA_CHUNK_ELEMENTS = 1 << 27
 
 
 def chunk_tokens_for(vocab: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
     """Tokens per chunk so that a chunk's logits hold at most `chunk_elements` elements (at least 16 tokens, so that
     the matmul stays efficient at any vocabulary)."""
     return max(16, chunk_elements // vocab)
+
+
+def chunk_elements_for(device: torch.device) -> int:
+    """The (tokens, V) temporaries' budget per chunk on `device`."""
+    return CUDA_CHUNK_ELEMENTS if device.type == "cuda" else CHUNK_ELEMENTS
+
+
+def _forward_chunk(h: Tensor, w: Tensor, targets: Tensor, temperature: float, acc: torch.dtype, with_entropy: bool):
+    """One chunk's (t,) log p(target), log-normalizer and entropy (zeros(0) without): the head's matmul in w's dtype,
+    the softmax math in `acc`."""
+    z = _scaled_logits(h, w, acc, temperature)  # (t, V)
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
+    if not with_entropy:
+        return logp, lse, lse.new_zeros(0)
+    # H = lse - sum(p * z), p = exp(z - lse); in place: one (t, V) temporary
+    return logp, lse, lse - (z - lse[:, None]).exp_().mul_(z).sum(-1)
+
+
+def _grad_logits(h: Tensor, w: Tensor, targets: Tensor, lse: Tensor, g: Tensor, temperature: float) -> Tensor:
+    """d loss / d (hidden @ w.T) of one chunk, (t, V) in w's dtype, from the upstream (t, 1) gradient `g` of its
+    log-probs: d logp(y) / dz = onehot(y) - softmax(z), with z = logits / temperature; in place on the recomputed z."""
+    dz = _scaled_logits(h, w, lse.dtype, temperature).sub_(lse[:, None]).exp_().mul_(-g)
+    dz.scatter_add_(-1, targets[:, None], g)
+    if temperature != 1.0:
+        dz.div_(temperature)
+    return dz.to(w.dtype)
+
+
+_compiled: dict[str, object] = {}
+
+
+def _chunk_fns(fused: bool):
+    """The two per-chunk functions, eager or (`fused`) each compiled into one region by torch.compile: inductor
+    then fuses the (t, V) float32 passes after the matmul (cast, log-sum-exp, gather, entropy; exp, scale, scatter,
+    cast) into a few kernels instead of one pass per operation. Dynamic shapes: the last, shorter chunk and every
+    batch reuse one graph."""
+    if not fused:
+        return _forward_chunk, _grad_logits
+    if not _compiled:
+        _compiled["forward"] = torch.compile(_forward_chunk, dynamic=True)
+        _compiled["grad"] = torch.compile(_grad_logits, dynamic=True)
+    return _compiled["forward"], _compiled["grad"]
 
 
 class _HiddenTokenLogProb(torch.autograd.Function):
@@ -38,43 +84,38 @@ class _HiddenTokenLogProb(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk, compute_dtype, with_entropy):
+    def forward(ctx, hidden, weight, targets, temperature, chunk, compute_dtype, with_entropy, fused):
         n = hidden.shape[0]
         acc = torch.promote_types(hidden.dtype, torch.float32)  # float32 (float64 stays float64: gradcheck)
         w = weight.to(compute_dtype)  # (V, H): cast once per call (kept for backward), not per chunk
         out = torch.empty(n, dtype=acc, device=hidden.device)  # (N,)
         lse = torch.empty_like(out)
         entropy = torch.zeros_like(out) if with_entropy else out.new_zeros(0)
+        forward_chunk, _ = _chunk_fns(fused)
         for t0 in range(0, n, chunk):
             t1 = min(n, t0 + chunk)
-            z = _scaled_logits(hidden[t0:t1], w, acc, temperature)  # (t, V)
-            lse[t0:t1] = torch.logsumexp(z, dim=-1)
-            out[t0:t1] = z.gather(-1, targets[t0:t1, None]).squeeze(-1) - lse[t0:t1]
-            if with_entropy:  # H = lse - sum(p * z), p = exp(z - lse); in place: one (t, V) temporary
-                entropy[t0:t1] = lse[t0:t1] - (z - lse[t0:t1, None]).exp_().mul_(z).sum(-1)
+            logp, chunk_lse, ent = forward_chunk(hidden[t0:t1], w, targets[t0:t1], temperature, acc, with_entropy)
+            out[t0:t1], lse[t0:t1] = logp, chunk_lse
+            if with_entropy:
+                entropy[t0:t1] = ent
         ctx.save_for_backward(hidden, w, targets, lse)
-        ctx.temperature, ctx.chunk, ctx.weight_dtype = temperature, chunk, weight.dtype
-        ctx.vocab_slice = max(1, CHUNK_ELEMENTS // weight.shape[1])  # rows of the head's gradient added at once
+        ctx.temperature, ctx.chunk, ctx.weight_dtype, ctx.fused = temperature, chunk, weight.dtype, fused
+        ctx.vocab_slice = max(1, chunk_elements_for(hidden.device) // weight.shape[1])  # head-gradient rows at once
         ctx.mark_non_differentiable(entropy)
         return out, entropy
 
     @staticmethod
     def backward(ctx, grad_out, _grad_entropy):  # (N,)
         hidden, w, targets, lse = ctx.saved_tensors
-        temperature = ctx.temperature
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(w.shape, dtype=lse.dtype, device=w.device) if need_w else None
+        _, grad_logits = _chunk_fns(ctx.fused)
         for t0 in range(0, hidden.shape[0], ctx.chunk):
             t1 = min(hidden.shape[0], t0 + ctx.chunk)
             h = hidden[t0:t1].to(w.dtype)  # (t, H)
             g = grad_out[t0:t1, None].to(lse.dtype)  # (t, 1)
-            # d logp(y) / dz = onehot(y) - softmax(z), and z = logits / temperature; in place on the recomputed z
-            dz = _scaled_logits(h, w, lse.dtype, temperature).sub_(lse[t0:t1, None]).exp_().mul_(-g)
-            dz.scatter_add_(-1, targets[t0:t1, None], g)
-            if temperature != 1.0:
-                dz.div_(temperature)
-            dz = dz.to(w.dtype)
+            dz = grad_logits(h, w, targets[t0:t1], lse[t0:t1], g, ctx.temperature)  # (t, V)
             if need_h:
                 grad_h[t0:t1] = (dz @ w).to(hidden.dtype)
             if need_w:  # the head is trained (full fine-tuning): accumulate in float32 whatever the compute dtype,
@@ -83,7 +124,8 @@ class _HiddenTokenLogProb(torch.autograd.Function):
                 for v0 in range(0, w.shape[0], ctx.vocab_slice):
                     v1 = min(w.shape[0], v0 + ctx.vocab_slice)
                     grad_w[v0:v1].add_(dz[:, v0:v1].T @ h)
-        return grad_h, (grad_w.to(ctx.weight_dtype) if need_w else None), None, None, None, None, None
+        grad_w = grad_w.to(ctx.weight_dtype) if need_w else None
+        return grad_h, grad_w, None, None, None, None, None, None
 
 
 def _scaled_logits(hidden: Tensor, w: Tensor, acc: torch.dtype, temperature: float) -> Tensor:
@@ -103,19 +145,21 @@ def hidden_token_logprobs(
     chunk: int | None = None,
     compute_dtype: torch.dtype | None = None,
     needed: Tensor | None = None,
+    fused: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log p(input_ids[:, t] | input_ids[:, :t]) and entropy, (B, T) each, from the last hidden states
     (B, T, H) and the head's weight (V, H); position 0 has no prediction and gets 0 (as token_logprobs_and_entropy).
 
     `chunk`: tokens per chunk (default: `chunk_tokens_for(V)`). `compute_dtype`: the head matmul's dtype (default:
     the autocast dtype when autocast is on, else the weight's). `needed` (B, T): the positions whose log-prob the
-    caller reads (e.g. action or environment tokens); the others are not computed and get 0.
+    caller reads (e.g. action or environment tokens); the others are not computed and get 0. `fused`: each chunk's
+    softmax math compiled into fused kernels (`torch.compile`, as `learner.compile` asks).
     """
     bsz, seqlen, width = hidden.shape
     if compute_dtype is None:
         on = torch.is_autocast_enabled(hidden.device.type)
         compute_dtype = torch.get_autocast_dtype(hidden.device.type) if on else weight.dtype
-    chunk = chunk or chunk_tokens_for(weight.shape[0])
+    chunk = chunk or chunk_tokens_for(weight.shape[0], chunk_elements_for(hidden.device))
     flat = hidden[:, :-1].reshape(-1, width)  # (B*(T-1), H): position t predicts token t + 1
     targets = input_ids[:, 1:].reshape(-1)
     rows = None
@@ -123,7 +167,9 @@ def hidden_token_logprobs(
         rows = needed[:, 1:].reshape(-1).nonzero().squeeze(-1)  # (n,) flat positions that are read
         flat, targets = flat.index_select(0, rows), targets.index_select(0, rows)  # (n, H), (n,)
     with torch.autocast(hidden.device.type, enabled=False):  # dtypes are explicit inside
-        logp, ent = _HiddenTokenLogProb.apply(flat, weight, targets, temperature, chunk, compute_dtype, with_entropy)
+        logp, ent = _HiddenTokenLogProb.apply(
+            flat, weight, targets, temperature, chunk, compute_dtype, with_entropy, fused
+        )
     if rows is not None:  # back to (B*(T-1),), zeros where nothing was computed
         logp = logp.new_zeros(bsz * (seqlen - 1)).index_copy(0, rows, logp)
         ent = ent.new_zeros(bsz * (seqlen - 1)).index_copy(0, rows, ent) if with_entropy else ent

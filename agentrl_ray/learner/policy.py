@@ -24,6 +24,7 @@ TRAINER_STATE = "trainer_state.pt"
 # DeepSpeed keeps a file named "latest" that names the tag folder: the tag must be another name.
 DEEPSPEED_TAG = "state"
 log = logging.getLogger("agentrl_ray")
+FUSED_ADAMW_ON_GPU = True  # (benchmarks/learner_throughput.py turns it off to measure what it brings)
 
 
 def lora_tensors(peft_model) -> list[tuple[str, torch.Tensor]]:
@@ -110,8 +111,13 @@ class Policy:
             self._init_ddp(params)
 
     def _init_ddp(self, params: list[torch.nn.Parameter]) -> None:
+        # fused: one kernel for the whole update on a GPU (torch's default there is the multi-tensor one)
         self.optimizer = torch.optim.AdamW(
-            params, lr=self.cfg.lr, betas=tuple(self.cfg.betas), weight_decay=self.cfg.weight_decay
+            params,
+            lr=self.cfg.lr,
+            betas=tuple(self.cfg.betas),
+            weight_decay=self.cfg.weight_decay,
+            fused=(self.device.type == "cuda" and FUSED_ADAMW_ON_GPU) or None,
         )
         self.engine = None
         if self.world_size > 1:
@@ -150,13 +156,19 @@ class Policy:
         only at the `needed` (B, T) positions when given (the others are 0: read them through a mask)."""
         model = self.wrapped if model is None else model
         head = model_head(model) if self.cfg.chunked_logprobs and not self.partitioned else None
+        # On a GPU a right-padded batch runs without its mask (right_padded): CPU runs stay bit-identical to the
+        # recorded ones, where the lever is unmeasured.
+        on_gpu = attention_mask.device.type == "cuda"
+        mask = None if on_gpu and right_padded(attention_mask) else attention_mask
         with self.autocast():
             if head is None:
-                logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+                logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
                 return token_logprobs_and_entropy(logits, input_ids, with_entropy)
             with hidden_states_out(head):
-                hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B,T,H)
-            return hidden_token_logprobs(hidden, head.weight, input_ids, with_entropy, needed=needed)
+                hidden = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits  # (B,T,H)
+            return hidden_token_logprobs(
+                hidden, head.weight, input_ids, with_entropy, needed=needed, fused=self.cfg.compile and on_gpu
+            )
 
     @torch.no_grad()
     def reference_logprobs(
@@ -262,6 +274,13 @@ class Policy:
                 )
         self.optimizer.load_state_dict(state["optimizer"])
         return state
+
+
+def right_padded(attention_mask: torch.Tensor) -> bool:
+    """Every row is ones then zeros. Under causal attention a real token of such a batch never sees the padding
+    after it, so the model can run without the mask: SDPA then takes its causal flash kernel instead of building a
+    (B, 1, T, T) mask and running a masked kernel, and the padded positions (never scored) are all that change."""
+    return bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
 
 
 def model_head(model) -> torch.nn.Linear | None:

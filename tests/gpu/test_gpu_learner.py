@@ -33,7 +33,7 @@ PROMPT, ACTION, ENV = 8, 6, 5  # a trajectory: prompt, action, tool result, acti
 
 
 def test_chunked_logprobs_at_a_real_vocabulary_equal_full_logits_in_bounded_memory():
-    from agentrl_ray.learner.chunked_logprobs import CHUNK_ELEMENTS, hidden_token_logprobs
+    from agentrl_ray.learner.chunked_logprobs import CHUNK_ELEMENTS, chunk_tokens_for, hidden_token_logprobs
     from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
 
     dev = torch.device("cuda")
@@ -47,7 +47,9 @@ def test_chunked_logprobs_at_a_real_vocabulary_equal_full_logits_in_bounded_memo
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    logp, ent = hidden_token_logprobs(hidden, weight, ids, compute_dtype=torch.bfloat16)
+    # The CPU's 64 MiB chunks (a GPU's default is 8x larger, which these 4,096 tokens could not show bounded)
+    chunk = chunk_tokens_for(VOCAB, CHUNK_ELEMENTS)
+    logp, ent = hidden_token_logprobs(hidden, weight, ids, compute_dtype=torch.bfloat16, chunk=chunk)
     (logp * upstream).sum().backward()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base

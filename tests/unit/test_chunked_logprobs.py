@@ -168,3 +168,51 @@ def test_lora_on_a_bf16_base_trains_a_float32_adapter():
     logp.sum().backward()
     assert logp.dtype == torch.float32 and torch.isfinite(logp).all()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in trained)
+
+
+def test_fused_chunks_equal_the_eager_ones():
+    """`fused` (learner.compile on a GPU): each chunk's softmax math compiled by torch.compile gives the eager path's
+    log-probs, entropy and gradients, at a temperature, with a short last chunk (dynamic shapes) and `needed`."""
+    case = _case(torch.float32, bsz=2, seqlen=13, width=16, vocab=60)
+    needed = torch.rand(2, 13, generator=torch.Generator().manual_seed(1)) > 0.3
+    run = lambda fused: (
+        lambda h, w, ids: hidden_token_logprobs(  # noqa: E731
+            h, w, ids, temperature=0.8, chunk=5, needed=needed, fused=fused
+        )
+    )
+    ref = _grads(run(False), *case)
+    got = _grads(run(True), *case)
+    # float32 sums in another order; the entropy (lse - sum p*z, |z| ~ 10 here) loses the most to cancellation
+    for name, a, b, tol in zip(("logprobs", "entropy", "d hidden", "d weight"), got, ref, (1e-5, 3e-4, 1e-5, 1e-5)):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=name)
+
+
+def test_chunks_are_larger_on_a_gpu():
+    """A GPU's chunk keeps the head's matmul large (883 tokens at Qwen2.5's vocabulary, 110 on a CPU)."""
+    assert chunk_tokens_for(151936, chunked_logprobs.chunk_elements_for(torch.device("cuda"))) == 883
+    assert chunk_tokens_for(151936, chunked_logprobs.chunk_elements_for(torch.device("cpu"))) == 110
+
+
+def test_a_right_padded_batch_needs_no_mask():
+    """What the learner relies on to drop the mask on a GPU: under causal attention, a right-padded batch's real
+    positions get the same log-probs with and without the attention mask; other paddings are not `right_padded`."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from agentrl_ray.learner.policy import right_padded
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(cfg).eval()
+    lengths = torch.tensor([11, 6, 9])
+    mask = (torch.arange(11)[None] < lengths[:, None]).long()  # (3, 11): ones, then zeros
+    ids = torch.randint(1, 97, (3, 11)) * mask
+    assert right_padded(mask)
+    assert not right_padded(mask.flip(1))  # left padding
+    assert not right_padded(torch.tensor([[1, 0, 1, 1]]))
+    with torch.no_grad():
+        masked = token_logprobs_and_entropy(model(input_ids=ids, attention_mask=mask).logits, ids)[0]
+        unmasked = token_logprobs_and_entropy(model(input_ids=ids).logits, ids)[0]
+    torch.testing.assert_close(unmasked[mask.bool()], masked[mask.bool()], rtol=1e-5, atol=1e-5)

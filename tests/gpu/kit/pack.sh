@@ -11,7 +11,8 @@
 # and fails if the whole folder is over LIMIT_MIB (64: what one device command may carry).
 # Environment: VENV_PY (the interpreter whose package versions are pinned; default .venv/bin/python), WHEELS (where
 # downloaded/built wheels are kept between runs; default .cache/gpu_kit/wheels-cpXY), XZ_ARGS (see below),
-# LIMIT_MIB.
+# LIMIT_MIB, PROJECT_ONLY (1: keep the folder's site.tar.xz and VERSIONS, re-pack the project, model and run.sh:
+# seconds instead of minutes, after a commit).
 set -euo pipefail
 PYVER=${1:-3.12}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -61,9 +62,16 @@ WHEELS=$(cd "$WHEELS" && pwd)
 if [ -n "$(ls -A "$OUTDIR")" ] && [ ! -e "$OUTDIR/SHA256SUMS" ] && [ ! -e "$OUTDIR/site.tar.xz" ]; then
   echo "pack.sh: $OUTDIR is not empty and holds no previous kit: refusing to write there" >&2; exit 2
 fi
-rm -rf "$OUTDIR"/site.tar.xz "$OUTDIR"/project.tar.gz "$OUTDIR"/agentrl_cache "$OUTDIR"/run.sh \
-  "$OUTDIR"/SHA256SUMS "$OUTDIR"/PROJECT_COMMIT "$OUTDIR"/VERSIONS "$OUTDIR"/README.md
+if [ "${PROJECT_ONLY:-0}" = 1 ]; then
+  [ -s "$OUTDIR/site.tar.xz" ] && [ -s "$OUTDIR/VERSIONS" ] || { echo "pack.sh: PROJECT_ONLY=1 needs a packed kit" >&2; exit 2; }
+  log "PROJECT_ONLY=1: keeping $OUTDIR/site.tar.xz ($(head -1 "$OUTDIR/VERSIONS"))"
+else
+rm -rf "$OUTDIR"/site.tar.xz "$OUTDIR"/VERSIONS
+fi
+rm -rf "$OUTDIR"/project.tar.gz "$OUTDIR"/agentrl_cache "$OUTDIR"/run.sh \
+  "$OUTDIR"/SHA256SUMS "$OUTDIR"/PROJECT_COMMIT "$OUTDIR"/README.md
 
+if [ "${PROJECT_ONLY:-0}" != 1 ]; then
 # ---------------------------------------------------------------------------------------------- 1. wheels
 PINS=$("$VENV_PY" - "${PKGS[@]}" <<'EOF'
 import importlib.metadata as m, sys
@@ -149,6 +157,8 @@ for pin in pins:
 EOF
 if grep -q ' ?$' "$OUTDIR/VERSIONS"; then
   echo "pack.sh: no wheel for cp$PYVER in $WHEELS for:" >&2; grep ' ?$' "$OUTDIR/VERSIONS" >&2; exit 1
+fi
+
 fi
 
 # ---------------------------------------------------------------------------------------------- 3. the project

@@ -8,6 +8,8 @@
 # 1. from $PROJ: python -m pytest $TESTS -v -s -rA -p no:cacheprovider --timeout=$T_TEST, cut at $T_ALL seconds
 #    -> $OUT/pytest.log, $OUT/gpu_e2e.jsonl (every GPU_E2E_JSON line), $OUT/runs/ (the runs' metrics and configs),
 #       $OUT/ray_logs/ (the tails of Ray's non-empty logs, on failure only)
+# 1b. with BENCH set: that shell command from $PROJ, in the same environment (OUT exported), cut at T_BENCH seconds
+#    -> $OUT/bench.log (e.g. BENCH='python3 benchmarks/learner_throughput.py --out $OUT/lt.json')
 # 2. `ray stop --force`, then the GPU's remaining processes; a summary (also $OUT/summary.log).
 # Exit status 0 only when pytest passed (exit 0).
 # Time on an H100/H200: set-up ~30 s, tests ~4-6 min (cut at T_ALL=420 s), clean-up ~10 s.
@@ -15,7 +17,8 @@
 #   PY (python3), SITE (/tmp/agentrl_site), PROJ (/tmp/agentrl_project), AGENTRL_CACHE (/tmp/agentrl_cache),
 #   OUT (/tmp/gpu_out), T_ALL (420: pytest as a whole, seconds), T_TEST (240: per test, pytest-timeout),
 #   TESTS (the pytest selection; default "tests/gpu/test_gpu_e2e.py tests/gpu/test_gpu_learner.py -m gpu"),
-#   RAY_STOP (0: no `ray stop --force` afterwards, for a machine shared with other Ray users).
+#   RAY_STOP (0: no `ray stop --force` afterwards, for a machine shared with other Ray users), BENCH (none),
+#   T_BENCH (300).
 set -u
 T0=$(date +%s)
 B=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)   # the carried kit folder
@@ -32,6 +35,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0
 export PYTHONPATH="$SITE:$PROJ${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+export OUT
 log() { echo "[run.sh $(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
 for d in "$SITE" "$PROJ"; do
   case "$d" in /|/tmp|/tmp/|"$HOME"|"$HOME"/|"") echo "run.sh: refusing to replace the folder '$d'" >&2; exit 2;; esac
@@ -151,6 +155,13 @@ if [ "$RC" != 0 ] && [ -d /tmp/ray/session_latest/logs ]; then  # what Ray's pro
   mkdir -p "$OUT/ray_logs"
   find /tmp/ray/session_latest/logs -maxdepth 1 -type f \( -name '*.err' -o -name '*.out' -o -name '*.log' \) \
     -size +0 | while read -r f; do tail -n 200 "$f" > "$OUT/ray_logs/$(basename "$f")"; done
+fi
+
+# ---------------------------------------------------------------------------------------------- 1b. a benchmark
+if [ -n "${BENCH:-}" ]; then
+  log "BENCH (cut at ${T_BENCH:-300}s): $BENCH" | tee "$OUT/bench.log"
+  (cd "$PROJ" && exec timeout -k 15 "${T_BENCH:-300}" bash -c "$BENCH") 2>&1 | tee -a "$OUT/bench.log"
+  log "BENCH exit code ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
 fi
 
 # ---------------------------------------------------------------------------------------------- 2. clean-up

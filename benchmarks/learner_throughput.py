@@ -1,0 +1,363 @@
+"""The learner's training throughput and MFU through its own code (`Policy` + `update`: GRPO + ECHO on chunked
+log-probs), on CUDA at the real shapes and on a CPU at a small one, with each speed lever on and off.
+
+    python benchmarks/learner_throughput.py --device cuda --shape 0.5b --out /tmp/lt.json     # one GPU
+    python benchmarks/learner_throughput.py --device cuda --shape 1.5b --variants full,lora
+    python benchmarks/learner_throughput.py --device cpu --shape tiny --steps 1 --warmup 1   # the logic, on a CPU
+
+Ray is not started: each variant runs in its own process as one Ray Train worker would (`ray.train.get_context` and
+`ray.train.torch.get_device` answer for a 1-rank group; torch.distributed is initialised with world size 1, NCCL on
+CUDA, gloo on a CPU). tests/gpu/test_gpu_learner.py covers the real Ray Train path.
+
+A variant is a setting and its levers, `SETTING[.LEVER...]`:
+- settings: `full` (the GPU profile: DeepSpeed ZeRO-2, bfloat16 weights with float32 masters; on a CPU: DDP,
+  float32) and `lora` (profile=lora: r 16, alpha 32, every linear kind, bfloat16 base under autocast);
+- `old`: the learner before the levers of docs/learner_speed.md: 64 MiB head chunks (110 tokens at 152k vocabulary),
+  the attention mask always passed, torch's default (multi-tensor) AdamW; `-chunk`, `-nomask`, `-fusedadam` turn one
+  of them back alone;
+- `compile`: learner.compile=true (every decoder layer compiled, and on CUDA the head's chunk math fused);
+- `mb16`: one micro-batch of 16 sequences instead of two of 8.
+
+A step is `--micro-batches` x `--micro-batch` sequences of up to `--seq` tokens (default 2 x 8 x 1,024): a
+`--prompt-len` prompt (no loss), then 3/16-of-seq action segments and 1/16-of-seq tool-result segments alternating
+to the end; `--ragged` draws each sequence's length uniformly in [seq/2, seq] (right-padded, as real batches are).
+FLOPs per step, T = real tokens, S = scored tokens (action + env targets), N_body = decoder parameters and final
+norm, N_head = vocab x hidden: full fine-tune 6*N_body*T + 6*N_head*S; LoRA 4*N_body*T + 4*N_head*S + 6*N_lora*T
+(frozen weights have no weight gradient). Attention's T^2 matmuls and the head's recomputation in backward are not
+counted. MFU = FLOPs / median step / `--peak-tflops` (790: an H200's measured dense bfloat16 rate, the number the
+earlier measurements used); `matmul_tflops` is this device's own bfloat16 8192^3 matmul rate, measured first.
+Each variant also records its log-probs of the first micro-batch before any update; `logprob_gap_vs` is the largest
+difference at scored positions against the setting's first variant (the levers must not change the numbers beyond
+bfloat16 kernel rounding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+SETTINGS = {
+    "cuda": {
+        "full": ["profile=gpu", "learner.num_workers=1"],
+        "lora": ["profile=lora", "learner.use_gpu=true", "learner.bf16=true", "learner.lora.r=16"],
+    },
+    "cpu": {
+        "full": ["profile=cpu", "learner.backend=ddp"],
+        "lora": ["profile=lora", "learner.bf16=false", "learner.lora.r=16"],
+    },
+}
+CHILD_ARGS = ("device", "shape", "micro_batch", "micro_batches", "seq", "prompt_len", "warmup", "steps", "profile")
+CHILD_ARGS += ("peak_tflops",)
+LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "compile", "mb16")
+SHAPES = {
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1000),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2),
+}  # fmt: skip
+
+
+def shape_config(shape: str) -> dict:
+    from qwen05b_shape import QWEN25_05B  # the project's definition of the 0.5B shape
+
+    config = dict(QWEN25_05B)
+    config.update(SHAPES.get(shape, {}))
+    return config
+
+
+def build_model(folder: Path, shape: str, device: str) -> None:
+    """Random bfloat16 weights of the shape, initialised on the device, saved as a Hugging Face folder."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(Qwen2Config(**shape_config(shape))).to(torch.bfloat16)
+    model.save_pretrained(folder)
+
+
+def batch_groups(args, vocab: int):
+    """`micro_batches * micro_batch` trajectories in groups of 8, rewards alternating (non-zero advantages)."""
+    import torch
+
+    from agentrl_ray.types import Trajectory, TrajectoryGroup
+
+    g = torch.Generator().manual_seed(0)
+    action, env = max(4, args.seq * 3 // 16), max(2, args.seq // 16)
+    groups, n = [], args.micro_batches * args.micro_batch
+    for p in range(0, n, 8):
+        trajs = []
+        for s in range(min(8, n - p)):
+            length = args.seq if not args.ragged else int(torch.randint(args.seq // 2, args.seq + 1, (1,), generator=g))
+            roles = [0] * args.prompt_len
+            while len(roles) < length:
+                roles += [1] * action + [2] * env
+            roles = roles[:length]
+            trajs.append(
+                Trajectory(
+                    prompt_id=f"p{p}",
+                    sample_index=s,
+                    token_ids=torch.randint(3, vocab, (length,), generator=g).tolist(),
+                    action_mask=[int(r == 1) for r in roles],
+                    env_mask=[int(r == 2) for r in roles],
+                    template_mask=[0] * length,
+                    rollout_logprobs=[-8.0 * (r == 1) for r in roles],
+                    reward=float(s % 2),
+                    policy_version=0,
+                    finish_reason="answer",
+                    prompt_len=args.prompt_len,
+                )
+            )
+        groups.append(TrajectoryGroup(prompt_id=f"p{p}", trajectories=trajs))
+    return groups
+
+
+def stand_in_for_ray_train(device) -> None:
+    """What a 1-worker TorchTrainer gives its worker: a rank-0-of-1 context, its device, a process group."""
+    import ray.train
+    import ray.train.torch
+    import torch.distributed as dist
+
+    class Context:
+        def get_world_rank(self) -> int:
+            return 0
+
+        def get_world_size(self) -> int:
+            return 1
+
+    ray.train.get_context = Context
+    ray.train.torch.get_device = lambda: device
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+
+
+def apply_levers(levers: list[str]) -> None:
+    """`old` and the `-X` levers put the learner's code back as it was before each lever (module attributes)."""
+    from agentrl_ray.learner import chunked_logprobs, policy
+
+    off = set(levers) if "old" not in levers else {"-chunk", "-nomask", "-fusedadam"}
+    if "-chunk" in off:
+        chunked_logprobs.CUDA_CHUNK_ELEMENTS = chunked_logprobs.CHUNK_ELEMENTS
+    if "-nomask" in off:
+        policy.right_padded = lambda mask: False
+    if "-fusedadam" in off:
+        policy.FUSED_ADAMW_ON_GPU = False
+
+
+def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
+    """One variant in this process: load, warm up, time `--steps` steps; writes its log-probs to `out`.pt."""
+    import torch
+
+    from agentrl_ray.infra.profiles import load_config
+    from agentrl_ray.learner.batching import build_batch, micro_batches
+    from agentrl_ray.learner.policy import Policy
+    from agentrl_ray.learner.update import update
+
+    setting, *levers = variant.split(".")
+    unknown = [x for x in levers if x not in LEVERS]
+    if setting not in SETTINGS[args.device] or unknown:
+        raise SystemExit(f"unknown variant {variant!r}: settings {list(SETTINGS[args.device])}, levers {LEVERS}")
+    apply_levers(levers)
+    device = torch.device("cuda:0" if args.device == "cuda" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    stand_in_for_ray_train(device)
+    micro, n_micro = (16, 1) if "mb16" in levers else (args.micro_batch, args.micro_batches)
+    overrides = [*SETTINGS[args.device][setting], f"learner.micro_batch_size={micro}", "echo.coeff=0.05"]
+    overrides += ["algorithm.beta=0"] + (["learner.compile=true"] if "compile" in levers else [])
+    cfg = load_config(None, overrides)
+    shape = shape_config(args.shape)
+    groups = batch_groups(args, shape["vocab_size"])
+    t0 = time.perf_counter()
+    policy = Policy(str(model_dir), cfg.model, cfg.learner, need_reference=False)
+    load_s = time.perf_counter() - t0
+
+    full = build_batch(groups, cfg.algorithm, 0, 1 << 20)
+    (mb, _), *_ = micro_batches(full, n_micro)
+    mb = mb.to(device)
+    scored = (mb.action_mask + mb.env_mask) > 0
+    with torch.no_grad():
+        logp = policy.token_logprobs(mb.input_ids, mb.attention_mask, False, needed=scored)[0]
+    torch.save({"logp": logp.float().cpu(), "scored": scored.cpu()}, out.with_suffix(".pt"))
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    times = []
+    for i in range(args.warmup + args.steps):
+        sync()
+        t0 = time.perf_counter()
+        update(policy, groups, cfg, step=i, pad_id=0)
+        sync()
+        times.append(time.perf_counter() - t0)
+    profile = profile_step(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.profile) if args.profile else []
+
+    params = dict(policy.module.named_parameters())
+    n_lora = sum(p.numel() for n, p in params.items() if "lora_" in n)
+    n_head = shape["vocab_size"] * shape["hidden_size"]
+    n_body = sum(p.numel() for n, p in params.items() if "lora_" not in n) - n_head  # tied: embedding == head
+    tokens = int(full.attention_mask.sum())
+    scored_tokens = int(((full.action_mask + full.env_mask)[:, 1:] > 0).sum())
+    if cfg.learner.lora.enabled:
+        flops = 4 * n_body * tokens + 4 * n_head * scored_tokens + 6 * n_lora * tokens
+    else:
+        flops = 6 * n_body * tokens + 6 * n_head * scored_tokens
+    step_s = statistics.median(times[args.warmup :])
+    return {
+        "variant": variant,
+        "micro_batches": f"{n_micro} x {micro}",
+        "tokens_per_step": tokens,
+        "scored_tokens_per_step": scored_tokens,
+        "padded_tokens_per_step": int(full.attention_mask.numel()),
+        "params_body": n_body,
+        "params_head": n_head,
+        "params_lora": n_lora,
+        "load_s": round(load_s, 2),
+        "warmup_step_s": [round(t, 4) for t in times[: args.warmup]],
+        "step_s": [round(t, 4) for t in times[args.warmup :]],
+        "step_s_median": round(step_s, 4),
+        "tokens_per_s": round(tokens / step_s, 1),
+        "model_tflops_per_step": round(flops / 1e12, 3),
+        "achieved_tflops": round(flops / step_s / 1e12, 2),
+        "mfu": round(flops / step_s / 1e12 / args.peak_tflops, 4),
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
+        "top_kernels": profile,
+    }
+
+
+def profile_step(step, top: int) -> list[dict]:
+    """One step under torch.profiler: the `top` operations by device (else CPU) self time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:top]
+    return [{"name": e.key[:90], "calls": e.count, "ms": round(getattr(e, key) / 1e3, 2)} for e in events]
+
+
+def matmul_tflops(device: str) -> float | None:
+    """This device's bfloat16 matmul rate at 8192^3 (the number an MFU can be read against beside --peak-tflops)."""
+    if device != "cuda":
+        return None
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        a @ b
+    torch.cuda.synchronize()
+    return round(20 * 2 * 8192**3 / (time.perf_counter() - t0) / 1e12, 1)
+
+
+def compare(results: list[dict], folder: Path) -> None:
+    """Each variant's log-probs against its setting's first variant, at the scored positions."""
+    import torch
+
+    first: dict[str, dict] = {}
+    for r in results:
+        if not r.get("ok"):
+            continue
+        mine = torch.load(folder / f"{r['variant']}.pt")
+        setting = r["variant"].split(".")[0]
+        if setting not in first:
+            first[setting] = {"variant": r["variant"], **mine}
+            continue
+        ref = first[setting]
+        if ref["logp"].shape != mine["logp"].shape:  # another micro-batch split (mb16): not the same rows
+            continue
+        gap = (mine["logp"] - ref["logp"])[ref["scored"]].abs().max()
+        r["logprob_gap_vs"] = {ref["variant"]: float(gap)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--shape", choices=("tiny", "0.5b", "1.5b"), default="0.5b")
+    p.add_argument("--variants", default="full.old,full,lora.old,lora")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--micro-batches", type=int, default=2)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--ragged", action="store_true", help="lengths uniform in [seq/2, seq], right-padded")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--profile", type=int, default=0, help="top operations of one profiled step (0: none)")
+    p.add_argument("--peak-tflops", type=float, default=790.0)
+    p.add_argument("--budget-s", type=float, default=1e9, help="start no variant after this many seconds")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:  # one variant, in its own process
+        out = Path(args.out)
+        out.write_text(json.dumps(run_variant(args, args.child, args.model_dir, out)))
+        return
+
+    t_start = time.perf_counter()
+    report = {"device": args.device, "shape": args.shape, "seq": args.seq, "ragged": args.ragged}
+    report["matmul_tflops"] = matmul_tflops(args.device)
+    if args.device == "cuda":
+        import torch
+
+        report["gpu"], report["torch"] = torch.cuda.get_device_name(0), torch.__version__
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        build_model(folder / "model", args.shape, args.device)
+        argv = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in CHILD_ARGS]
+        argv += ["--ragged"] if args.ragged else []
+        for variant in args.variants.split(","):
+            if time.perf_counter() - t_start > args.budget_s:
+                results.append({"variant": variant, "ok": False, "error": "skipped: --budget-s spent"})
+                continue
+            out = folder / f"{variant}.json"
+            cmd = [sys.executable, __file__, *argv, "--child", variant, "--model-dir", str(folder / "model")]
+            proc = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True)
+            if proc.returncode == 0:
+                results.append({"ok": True, **json.loads(out.read_text())})
+            else:
+                results.append({"variant": variant, "ok": False, "error": proc.stderr[-3000:]})
+            r = results[-1]
+            print(
+                f"{variant:28s} "
+                + (f"{r['tokens_per_s']:>10,.0f} tok/s  mfu {r['mfu']:.3f}  step {r['step_s_median']:.3f} s  "
+                   f"peak {r['peak_mem_gib']} GiB" if r["ok"] else "FAILED: " + r["error"][-600:]),
+                flush=True,
+            )  # fmt: skip
+        compare(results, folder)
+    report["results"] = results
+    report["wall_s"] = round(time.perf_counter() - t_start, 1)
+    text = json.dumps(report, indent=1)
+    if args.out:
+        args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
