@@ -16,7 +16,8 @@ A variant is a setting and its levers, `SETTING[.LEVER...]`:
   the attention mask always passed, torch's default (multi-tensor) AdamW; `-chunk`, `-nomask`, `-fusedadam` turn one
   of them back alone;
 - `compile`: learner.compile=true (every decoder layer compiled, and on CUDA the head's chunk math fused);
-- `mb16`: one micro-batch of 16 sequences instead of two of 8.
+- `mb16`: one micro-batch of 16 sequences instead of two of 8;
+- `zero0`, `zero1`: DeepSpeed's ZeRO stage 0 or 1 instead of 2 (one GPU has nothing to partition).
 
 A step is `--micro-batches` x `--micro-batch` sequences of up to `--seq` tokens (default 2 x 8 x 1,024): a
 `--prompt-len` prompt (no loss), then 3/16-of-seq action segments and 1/16-of-seq tool-result segments alternating
@@ -60,7 +61,7 @@ SETTINGS = {
 }
 CHILD_ARGS = ("device", "shape", "micro_batch", "micro_batches", "seq", "prompt_len", "warmup", "steps", "profile")
 CHILD_ARGS += ("peak_tflops",)
-LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "compile", "mb16")
+LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "compile", "mb16", "zero0", "zero1")
 SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000),
@@ -180,6 +181,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
     micro, n_micro = (16, 1) if "mb16" in levers else (args.micro_batch, args.micro_batches)
     overrides = [*SETTINGS[args.device][setting], f"learner.micro_batch_size={micro}", "echo.coeff=0.05"]
     overrides += ["algorithm.beta=0"] + (["learner.compile=true"] if "compile" in levers else [])
+    overrides += [f"learner.zero_stage={x[-1]}" for x in levers if x.startswith("zero")]
     cfg = load_config(None, overrides)
     shape = shape_config(args.shape)
     groups = batch_groups(args, shape["vocab_size"])
