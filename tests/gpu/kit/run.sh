@@ -9,7 +9,7 @@
 #    -> $OUT/pytest.log, $OUT/gpu_e2e.jsonl (every GPU_E2E_JSON line), $OUT/runs/ (the runs' metrics and configs),
 #       $OUT/ray_logs/ (the tails of Ray's non-empty logs, on failure only)
 # 1b. with BENCH set: that shell command from $PROJ, in the same environment (OUT exported), cut at T_BENCH seconds
-#    -> $OUT/bench.log (e.g. BENCH='python3 benchmarks/learner_throughput.py --out $OUT/lt.json')
+#    -> $OUT/bench.log (e.g. BENCH='$PY benchmarks/learner_throughput.py --out $OUT/lt.json'; OUT, PY exported)
 # 2. `ray stop --force`, then the GPU's remaining processes; a summary (also $OUT/summary.log).
 # Exit status 0 only when pytest passed (exit 0).
 # Time on an H100/H200: set-up ~30 s, tests ~4-6 min (cut at T_ALL=420 s), clean-up ~10 s.
@@ -35,7 +35,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0
 export PYTHONPATH="$SITE:$PROJ${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-export OUT
+export OUT PY
 log() { echo "[run.sh $(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
 for d in "$SITE" "$PROJ"; do
   case "$d" in /|/tmp|/tmp/|"$HOME"|"$HOME"/|"") echo "run.sh: refusing to replace the folder '$d'" >&2; exit 2;; esac
