@@ -4,7 +4,9 @@
 # PYVER: the GPU machine's Python minor version (3.12 there; 3.11 for the dry run on this machine).
 # OUTDIR (default: .gpu at the checkout's root, git-ignored) receives:
 #   site.tar.xz      the packages the GPU image lacks, at the versions of our .venv, unpacked into one folder
-#   project.tar.gz   `git archive HEAD` of the project (uncommitted changes are NOT carried), PROJECT_COMMIT
+#   project.tar.gz   only with PROJECT_ARCHIVE=1: `git archive HEAD` of the project, for a machine the checkout does
+#                    not travel to (the device tool sends the checkout itself, and run.sh then copies the folder
+#                    around the kit); PROJECT_COMMIT names the commit either way
 #   agentrl_cache/   the built-in tiny model, prebuilt (building it there would cost minutes)
 #   run.sh           what runs there: bash .gpu/run.sh
 #   VERSIONS, SHA256SUMS
@@ -164,14 +166,16 @@ fi
 # ---------------------------------------------------------------------------------------------- 3. the project
 cd "$ROOT"
 COMMIT=$(git rev-parse HEAD)
-log "project: git archive $COMMIT (committed files only)"
-git archive --format=tar.gz HEAD -- . ':(exclude)docs/benchmarks' ':(exclude)benchmarks/results' \
-  ':(exclude)*.png' > "$OUTDIR/project.tar.gz"
+log "project: $COMMIT"
+if [ "${PROJECT_ARCHIVE:-0}" = 1 ]; then
+  git archive --format=tar.gz HEAD -- . ':(exclude)docs/benchmarks' ':(exclude)benchmarks/results' \
+    ':(exclude)*.png' > "$OUTDIR/project.tar.gz"
+fi
 {
   echo "$COMMIT"
   git log -1 --format='%ci %s' HEAD
   if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
-    echo "NOTE: the checkout had uncommitted changes at packing time; they are not in project.tar.gz:"
+    echo "NOTE: the checkout had uncommitted changes at packing time:"
     git status --porcelain --untracked-files=no
   fi
 } > "$OUTDIR/PROJECT_COMMIT"
@@ -195,11 +199,13 @@ cp "$HERE/run.sh" "$HERE/README.md" "$OUTDIR/"
 (cd "$OUTDIR" && find . -type f ! -name SHA256SUMS | sort | xargs sha256sum > SHA256SUMS)
 log "kit in $OUTDIR:"
 (cd "$OUTDIR" && du -sk -- * | awk '{printf "  %8.2f MiB  %s\n", $1 / 1024, $2}')
-TOTAL_BYTES=$(find "$OUTDIR" -type f -printf '%s\n' | awk '{s += $1} END {print s}')
-echo "  total: $(awk -v b="$TOTAL_BYTES" 'BEGIN {printf "%.2f", b / 1048576}') MiB" \
-  "in $(find "$OUTDIR" -type f | wc -l) files, limit $LIMIT_MIB MiB"
+# What travels with one command: the kit and the checkout's tracked files (untracked ones too, unless ignored).
+TOTAL_BYTES=$({ find "$OUTDIR" -type f -printf '%s\n'; git -C "$ROOT" ls-files -z --cached --others \
+  --exclude-standard | xargs -0 -r stat -c '%s' 2>/dev/null; } | awk '{s += $1} END {print s}')
+echo "  total with the checkout: $(awk -v b="$TOTAL_BYTES" 'BEGIN {printf "%.2f", b / 1048576}') MiB" \
+  "($(find "$OUTDIR" -type f | wc -l) files in the kit), limit $LIMIT_MIB MiB"
 if [ "$TOTAL_BYTES" -gt $((LIMIT_MIB * 1048576)) ]; then
-  echo "pack.sh: the kit is over $LIMIT_MIB MiB: it cannot travel with one device command" >&2
+  echo "pack.sh: the kit and the checkout are over $LIMIT_MIB MiB: they cannot travel with one device command" >&2
   exit 1
 fi
 log "done: send it with the device tool's carry [\"$(basename "$OUTDIR")\"], run: bash $(basename "$OUTDIR")/run.sh"

@@ -53,7 +53,11 @@ if ! tar -xJf "$B/site.tar.xz" -C "$SITE" 2>/dev/null; then
   "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$B/site.tar.xz" "$SITE" \
     || log "ERROR: could not unpack site.tar.xz"
 fi
-tar -xzf "$B/project.tar.gz" -C "$PROJ" || log "ERROR: could not unpack project.tar.gz"
+if [ -f "$B/project.tar.gz" ]; then
+  tar -xzf "$B/project.tar.gz" -C "$PROJ" || log "ERROR: could not unpack project.tar.gz"
+else  # the device tool sends the checkout the kit sits in: the project is the folder around it, the kit excluded
+  tar -C "$B/.." --exclude="./$(basename "$B")" -cf - . | tar -xf - -C "$PROJ" || log "ERROR: could not copy $B/.."
+fi
 cp -r "$B"/agentrl_cache/models/. "$AGENTRL_CACHE/models/" 2>/dev/null || log "no prebuilt built-in model carried"
 log "unpacked: site $(du -sm "$SITE" | cut -f1) MiB, project $(du -sm "$PROJ" | cut -f1) MiB"
 log "project commit: $(head -2 "$B/PROJECT_COMMIT" 2>/dev/null | tr '\n' ' ')"
