@@ -25,6 +25,7 @@ How it keeps the engine contract (`rollout/engine.py`) on top of `model.generate
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -284,6 +285,7 @@ class TorchEngine:
         if self.can_sleep and not self.asleep:
             self.model.to("cpu")
             if self.device.type == "cuda":
+                gc.collect()  # a generation's caches can sit in reference cycles, holding device memory until then
                 torch.cuda.empty_cache()
             self.asleep = True
 
