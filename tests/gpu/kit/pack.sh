@@ -191,8 +191,10 @@ except ImportError:  # before the package by role
     from agentrl_ray.builtin_model import ensure_builtin_model
 print(ensure_builtin_model())' | tail -1)
 mkdir -p "$OUTDIR/agentrl_cache/models"
-cp -r "$MODEL" "$OUTDIR/agentrl_cache/models/"
-echo "  $(basename "$MODEL") ($(du -sh "$MODEL" | cut -f1))"
+case "$(realpath "$MODEL")/" in
+  "$(realpath "$ROOT")"/*) echo "  $(basename "$MODEL"): shipped in the package (travels with the checkout)";;
+  *) cp -r "$MODEL" "$OUTDIR/agentrl_cache/models/"; echo "  $(basename "$MODEL") ($(du -sh "$MODEL" | cut -f1))";;
+esac
 
 # ---------------------------------------------------------------------------------------------- 5. run.sh, sums
 cp "$HERE/run.sh" "$HERE/README.md" "$OUTDIR/"
