@@ -78,8 +78,6 @@ async function refreshRuns() {
     const wanted = new URLSearchParams(location.search).get("run");
     await selectRun(state.runs.some((r) => r.name === wanted) ? wanted : state.runs[0].name);
   }
-  const run = state.runs.find((r) => r.name === state.run);
-  if (run) $("#run-step").textContent = `step ${run.step}${run.steps ? "/" + run.steps : ""} · ${run.status}`;
   drawRunsTable();
 }
 
@@ -95,6 +93,7 @@ function drawRunsTable() {
     return tr;
   }));
   const run = state.runs.find((r) => r.name === state.run);
+  if (run) $("#run-step").textContent = `step ${run.step}${run.steps ? "/" + run.steps : ""} · ${run.status}`;
   $("#config-name").textContent = state.run || "";
   $("#config").textContent = run ? JSON.stringify(run.config, null, 2) : "";
 }
