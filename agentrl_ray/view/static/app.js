@@ -5,12 +5,13 @@
 const POLL_MS = 2000;
 const COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
 const BAND = "rgba(31,119,180,0.15)";
+const STEP_AXIS = { label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] };
 const ratio = (a, b) => (r) => (r[a] !== undefined && r[b] ? r[a] / r[b] : null);
 
 // The curves of one run: each a chart of named series, a series a value of a metrics.jsonl record (null: absent).
 const CHARTS = [
-  { id: "reward", title: "training reward and success", series: [["reward (mean)", "reward/mean"], ["success", "rollout/success"]] },
-  { id: "heldout", title: "held-out success (pass@1, 95% CI)", band: true,
+  { id: "reward", title: "training reward and success", unit: true, series: [["reward (mean)", "reward/mean"], ["success", "rollout/success"]] },
+  { id: "heldout", title: "held-out success (pass@1, 95% CI)", band: true, unit: true,
     series: [["held-out success", "eval/success"], ["CI low", "eval/pass@1_ci95_lo"], ["CI high", "eval/pass@1_ci95_hi"]] },
   { id: "entropy", title: "policy entropy (action tokens)", series: [["entropy", "loss/entropy"]] },
   { id: "kl", title: "KL", series: [["KL to reference", "loss/kl"], ["learner vs rollout", "loss/mismatch_kl"]] },
@@ -44,11 +45,11 @@ function chartData(records, spec) {
   return [rows.map((r) => r.step), ...spec.series.map(([, key]) => series(rows, key))];
 }
 
-function makeChart(container, title, labels, data, band) {
+function makeChart(container, title, labels, data, band, unit) {
   const width = Math.max(400, container.clientWidth - 10);
   const opts = {
-    title, width, height: 230, scales: { x: { time: false } },
-    axes: [{ label: "step" }, {}],
+    title, width, height: 230, scales: { x: { time: false }, ...(unit ? { y: { range: [0, 1] } } : {}) },
+    axes: [STEP_AXIS, {}],
     series: [{ label: "step" }, ...labels.map((label, i) => ({
       label, stroke: band && i > 0 ? "rgba(31,119,180,0.4)" : COLOURS[i % COLOURS.length], width: band && i > 0 ? 1 : 2,
       spanGaps: true, points: { show: true, size: 4 },
@@ -128,7 +129,7 @@ function drawCurves(rebuild) {
     const data = chartData(records, spec);
     if (state.charts[spec.id]) { state.charts[spec.id].setData(data); continue; }
     const cell = el("div"); cell.id = `chart-${spec.id}`; box.appendChild(cell);
-    state.charts[spec.id] = makeChart(cell, spec.title, spec.series.map(([l]) => l), data, spec.band);
+    state.charts[spec.id] = makeChart(cell, spec.title, spec.series.map(([l]) => l), data, spec.band, spec.unit);
   }
 }
 
@@ -229,7 +230,7 @@ async function drawCompare(force) {
   box.replaceChildren();
   state.compareChart = new uPlot({
     title: `${key} by run`, width: Math.max(500, box.clientWidth - 10), height: 380, scales: { x: { time: false } },
-    axes: [{ label: "step" }, {}], series: [{ label: "step" }, ...seriesOpts],
+    axes: [STEP_AXIS, {}], series: [{ label: "step" }, ...seriesOpts],
   }, data, box);
   $("#compare-table tbody").replaceChildren(...lines.map((l) => {
     const tr = el("tr");
