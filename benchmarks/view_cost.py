@@ -81,7 +81,7 @@ def run_mode(mode: str, out: Path, name: str, steps: int, extra: list[str]) -> t
     if mode.startswith("poll"):
         threading.Thread(target=poller, args=(url, name, stop, 0.05), daemon=True).start()
     cmd = [sys.executable, "-m", "agentrl_ray", "train", "examples/calculator/config.yaml", f"run.output_dir={out}"]
-    cmd += [f"run.name={name}", f"run.steps={steps}", "data.eval_size=20", "run.eval_every=10", *extra]
+    cmd += [f"run.name={name}", f"run.steps={steps}", "data.eval_size=20", "run.eval_every=5", *extra]
     try:
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     finally:
