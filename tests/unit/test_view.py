@@ -79,3 +79,29 @@ def test_the_rollout_sample_goes_to_wandb_as_a_table(tmp_path, monkeypatch):
     run.advance()
     assert len(run.log.rollout_table.data) == 8 and KNOWN_ANSWER in run.log.rollout_table.data[0][-1]
     run.log.close()
+
+
+def test_every_step_keeps_its_first_group_and_save_rollouts_steps_keep_all(tmp_path):
+    from view_runs import group
+
+    from agentrl_ray.config import Config
+    from agentrl_ray.learner.watch import RunWatch
+
+    class Log:  # outputs.LogClient's rollouts(), recorded
+        def __init__(self):
+            self.calls = []
+
+        def rollouts(self, step, records, sample):
+            self.calls.append((step, len(records), sample))
+
+    cfg = Config()
+    cfg.run.output_dir, cfg.run.save_rollouts, cfg.run.save_rollouts_groups = str(tmp_path), 2, 0
+    rows = [{"id": "p1", "prompt": "What is 12 * 34?", "answer": "408"}]
+    log = Log()
+    watch = RunWatch(cfg, rows, log)
+    for step in (1, 2):
+        watch.after_step(step, [group(step), group(step)], {"reward/mean": 0.5})
+    assert log.calls == [(1, 4, 4), (2, 8, 4)]  # step 2 (save_rollouts=2): both groups; the sample: the first
+    cfg.run.save_rollouts, cfg.run.rollout_sample_groups = 0, 0
+    watch.after_step(3, [group(3)], {"reward/mean": 0.5})
+    assert len(log.calls) == 2  # no sample asked for: nothing written
