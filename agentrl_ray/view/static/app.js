@@ -87,7 +87,8 @@ function drawRunsTable() {
   $("#runs-table tbody").replaceChildren(...state.runs.map((r) => {
     const c = r.config || {};
     const cells = [r.name, r.status + (r.stop_reason ? ` (${r.stop_reason})` : ""), `${r.step}/${r.steps ?? "?"}`,
-      c.model?.path, c.echo?.coeff, c.algorithm?.loss_aggregation, c.run?.seed, final(r)];
+      c.model?.path, c.echo?.coeff ? `GRPO + ECHO (λ ${c.echo.coeff})` : "GRPO", c.algorithm?.loss_aggregation,
+      c.run?.seed, final(r)];
     const tr = el("tr");
     cells.forEach((x) => tr.appendChild(el("td", "", x ?? "")));
     tr.onclick = () => selectRun(r.name);
