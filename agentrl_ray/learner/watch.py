@@ -48,16 +48,16 @@ class RunWatch:
     def _save(self, step: int, groups: list[TrajectoryGroup]) -> None:
         from agentrl_ray.traces.records import group_records
 
-        if self.tools is None:
-            from agentrl_ray.envs.loading import load_env_class
-            from agentrl_ray.envs.tools import tool_schemas
-
-            self.tools = tool_schemas(load_env_class(self.cfg.env.name))
         r = self.cfg.run
         sample = min(r.rollout_sample_groups, len(groups))
         keep = (r.save_rollouts_groups or len(groups)) if r.save_rollouts and step % r.save_rollouts == 0 else sample
         if keep == 0:
             return
+        if self.tools is None:  # the class the env hosts build: env.name's, with env.tools' functions added
+            from agentrl_ray.envs.loading import env_class
+            from agentrl_ray.envs.tools import tool_schemas
+
+            self.tools = tool_schemas(env_class(self.cfg.env.name, tuple(self.cfg.env.tools)))
         kept = groups[: max(keep, sample)]
         records = group_records(kept, step, self.rows_by_id, self.tools)
         self.log.rollouts(step, records, sum(len(g.trajectories) for g in kept[:sample]))

@@ -102,6 +102,10 @@ def test_every_step_keeps_its_first_group_and_save_rollouts_steps_keep_all(tmp_p
     for step in (1, 2):
         watch.after_step(step, [group(step), group(step)], {"reward/mean": 0.5})
     assert log.calls == [(1, 4, 4), (2, 8, 4)]  # step 2 (save_rollouts=2): both groups; the sample: the first
+    # An environment of plain function tools only (the Python API's): the records carry their schemas.
+    cfg.env.name, cfg.env.tools = "", ["agentrl_ray.envs.builtin.calculator:evaluate"]
+    RunWatch(cfg, rows, log).after_step(3, [group(3)], {"reward/mean": 0.5})
+    assert log.calls[-1] == (3, 4, 4)
     cfg.run.save_rollouts, cfg.run.rollout_sample_groups = 0, 0
-    watch.after_step(3, [group(3)], {"reward/mean": 0.5})
-    assert len(log.calls) == 2  # no sample asked for: nothing written
+    watch.after_step(4, [group(4)], {"reward/mean": 0.5})
+    assert len(log.calls) == 3  # no sample asked for: nothing written
