@@ -71,7 +71,23 @@ def browser(url: str):
     return driver
 
 
-def run_mode(mode: str, out: Path, name: str, steps: int, extra: list[str]) -> tuple[list[float], list[float]]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its children (the viewer; Chromium's processes)."""
+    import psutil
+
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def run_mode(mode: str, out: Path, name: str, steps: int, extra: list[str]) -> tuple[list[float], list[float], dict]:
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
     viewer = start_viewer(out, port) if mode != "none" else None
@@ -82,8 +98,15 @@ def run_mode(mode: str, out: Path, name: str, steps: int, extra: list[str]) -> t
         threading.Thread(target=poller, args=(url, name, stop, 0.05), daemon=True).start()
     cmd = [sys.executable, "-m", "agentrl_ray", "train", "examples/calculator/config.yaml", f"run.output_dir={out}"]
     cmd += [f"run.name={name}", f"run.steps={steps}", "data.eval_size=20", "run.eval_every=5", *extra]
+    cpu: dict[str, float] = {}
+    t0 = time.monotonic()
     try:
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cpu["run_wall_s"] = time.monotonic() - t0
+        if viewer is not None:  # the poller is a thread of this process: its CPU is not counted here
+            cpu["viewer_cpu_s"] = cpu_seconds(viewer.pid)
+        if page is not None:
+            cpu["browser_cpu_s"] = cpu_seconds(page.service.process.pid)
     finally:
         stop.set()
         if page is not None:
@@ -96,7 +119,7 @@ def run_mode(mode: str, out: Path, name: str, steps: int, extra: list[str]) -> t
     # Wall time between two steps' records: the step and everything around it (logging, the rollout sample)
     # but not an evaluation (those steps are left out).
     wall = [b["time"] - a["time"] for a, b in zip(records, records[1:]) if b in steps and "eval/success" not in b]
-    return [r["time/step_s"] for r in steps], wall
+    return [r["time/step_s"] for r in steps], wall, cpu
 
 
 def sample_write_ms(run_dir: Path, repeat: int = 50) -> float:
@@ -127,9 +150,11 @@ def main() -> None:
     out.mkdir(parents=True)
     times: dict[str, list[float]] = {m: [] for m in MODES}
     walls: dict[str, list[float]] = {m: [] for m in MODES}
+    cpus: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(args.rounds):
         for mode in MODES:
-            step, wall = run_mode(mode, out, f"cost-{mode}-{r}", args.steps, args.overrides)
+            step, wall, cpu = run_mode(mode, out, f"cost-{mode}-{r}", args.steps, args.overrides)
+            cpus[mode].append(cpu)
             times[mode] += step
             walls[mode] += wall
             print(f"round {r} {mode}: median {statistics.median(step):.3f} s", flush=True)
@@ -144,6 +169,7 @@ def main() -> None:
                 "median_s": statistics.median(t),
                 "mean_s": statistics.fmean(t),
                 "wall_median_s": statistics.median(walls[m]),
+                "cpu": cpus[m],
                 "times_s": t,
                 "wall_s": walls[m],
             }
@@ -161,6 +187,8 @@ def main() -> None:
             f"| {v['wall_median_s']:.3f} |"
         )
     print(f"writing one step's rollout sample: {result['sample_write_ms']:.2f} ms (median)")
+    for m, v in result["modes"].items():
+        print(m, "CPU seconds over the run:", v["cpu"])
 
 
 if __name__ == "__main__":
