@@ -137,6 +137,38 @@ def sample_write_ms(run_dir: Path, repeat: int = 50) -> float:
     return statistics.median(times)
 
 
+def server_cost(run_dir: Path, cycles: int = 300) -> dict[str, float]:
+    """The viewer's own CPU per poll of the page (the run list, the new metrics records, the newest rollouts) on a
+    copy of `run_dir`, with no training: CPU milliseconds per poll, as a share of one core at the page's rate."""
+    folder = Path("/tmp/view_cost_server")
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(run_dir, folder / run_dir.name, ignore=shutil.ignore_patterns("checkpoint_*", "wandb"))
+    port = free_port()
+    viewer = start_viewer(folder, port)
+    url, name = f"http://127.0.0.1:{port}/", run_dir.name
+    try:
+        for path in ("api/runs", f"api/metrics?run={name}", f"api/rollouts?run={name}"):  # warm: imports, caches
+            urllib.request.urlopen(url + path).read()
+        cpu0, t0 = cpu_seconds(viewer.pid), time.perf_counter()
+        for _ in range(cycles):
+            for path in ("api/runs", f"api/metrics?run={name}&since=10000", f"api/rollouts?run={name}"):
+                urllib.request.urlopen(url + path).read()
+        cpu, wall = cpu_seconds(viewer.pid) - cpu0, time.perf_counter() - t0
+    finally:
+        viewer.terminate()
+        viewer.wait()
+    per_poll_ms = 1000 * cpu / cycles
+    return {
+        "cycles": cycles,
+        "cpu_ms_per_poll": per_poll_ms,
+        "wall_ms_per_poll": 1000 * wall / cycles,
+        "core_share_at_page_rate": per_poll_ms / 1000 / (POLL_S),
+    }
+
+
+POLL_S = 2.0  # the page's poll period (static/app.js)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=20)
@@ -144,7 +176,11 @@ def main() -> None:
     p.add_argument("--out", default="/tmp/view_cost_runs", help="where the runs go (emptied first)")
     p.add_argument("--json", default=str(ROOT / "docs" / "benchmarks" / "view_cost.json"))
     p.add_argument("overrides", nargs="*", help="more key=value overrides for every run")
+    p.add_argument("--server-only", metavar="RUN_DIR", help="only the viewer's CPU per poll on a copy of RUN_DIR")
     args = p.parse_args()
+    if args.server_only:
+        print(json.dumps(server_cost(Path(args.server_only)), indent=2))
+        return
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
