@@ -84,39 +84,42 @@ def viewer(tmp_path):
         proc.wait(timeout=20)
 
 
-def test_the_page_shows_a_finished_run_and_follows_a_live_one(viewer):
+@pytest.fixture
+def browser():
+    driver = browser_or_skip()
+    yield driver
+    driver.quit()
+
+
+def test_the_page_shows_a_finished_run_and_follows_a_live_one(browser, viewer):
     url, finished, live = viewer
-    browser = browser_or_skip()
-    try:
-        browser.get(url + "?run=finished")
-        chart = "return window.viewState.charts.{}?.data"
-        data = wait("the finished run's curves", lambda: (d := browser.execute_script(chart.format("reward"))) and d)
-        records = [json.loads(x) for x in (finished.dir / "metrics.jsonl").read_text().splitlines()]
-        assert data[0] == [1, 2, 3, 4]
-        assert data[1] == pytest.approx([r["reward/mean"] for r in records])
-        heldout = browser.execute_script(chart.format("heldout"))
-        evals = [r for r in records if "eval/success" in r]
-        assert heldout[0] == [r["step"] for r in evals] and heldout[1] == [r["eval/success"] for r in evals]
-        assert heldout[2] == [r["eval/pass@1_ci95_lo"] for r in evals]
-        assert "done" in browser.find_element("css selector", '#run-list li[data-run="finished"]').text
+    browser.get(url + "?run=finished")
+    chart = "return window.viewState.charts.{}?.data"
+    data = wait("the finished run's curves", lambda: (d := browser.execute_script(chart.format("reward"))) and d)
+    records = [json.loads(x) for x in (finished.dir / "metrics.jsonl").read_text().splitlines()]
+    assert data[0] == [1, 2, 3, 4]
+    assert data[1] == pytest.approx([r["reward/mean"] for r in records])
+    heldout = browser.execute_script(chart.format("heldout"))
+    evals = [r for r in records if "eval/success" in r]
+    assert heldout[0] == [r["step"] for r in evals] and heldout[1] == [r["eval/success"] for r in evals]
+    assert heldout[2] == [r["eval/pass@1_ci95_lo"] for r in evals]
+    assert "done" in browser.find_element("css selector", '#run-list li[data-run="finished"]').text
 
-        browser.find_element("css selector", '#tabs button[data-tab="rollouts"]').click()
-        rollouts = browser.find_element("id", "rollouts")
-        wait("a known conversation", lambda: KNOWN_ANSWER in rollouts.text)
-        assert "tool call: calculator" in rollouts.text and "Error: division by zero" in rollouts.text
-        browser.find_element("css selector", '#tabs button[data-tab="evals"]').click()
-        transcripts = browser.find_element("id", "transcripts")
-        wait("the eval transcripts", lambda: KNOWN_ANSWER in transcripts.text)
-        assert "eval_000004" in browser.find_element("id", "evals-table").text
+    browser.find_element("css selector", '#tabs button[data-tab="rollouts"]').click()
+    rollouts = browser.find_element("id", "rollouts")
+    wait("a known conversation", lambda: KNOWN_ANSWER in rollouts.text)
+    assert "tool call: calculator" in rollouts.text and "Error: division by zero" in rollouts.text
+    browser.find_element("css selector", '#tabs button[data-tab="evals"]').click()
+    transcripts = browser.find_element("id", "transcripts")
+    wait("the eval transcripts", lambda: KNOWN_ANSWER in transcripts.text)
+    assert "eval_000004" in browser.find_element("id", "evals-table").text
 
-        browser.find_element("css selector", '#tabs button[data-tab="curves"]').click()
-        browser.find_element("css selector", '#run-list li[data-run="live"]').click()
-        wait("the live run's two steps", lambda: browser.execute_script(chart.format("reward"))[0] == [1, 2])
-        assert "training" in browser.find_element("id", "run-step").text
-        live.advance()  # the learner writes step 3 while the page is open
-        wait("the new step", lambda: browser.execute_script(chart.format("reward"))[0] == [1, 2, 3])
-        wait("the new step's number", lambda: "step 3/12" in browser.find_element("id", "run-step").text)
-        errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
-        assert not errors, errors
-    finally:
-        browser.quit()
+    browser.find_element("css selector", '#tabs button[data-tab="curves"]').click()
+    browser.find_element("css selector", '#run-list li[data-run="live"]').click()
+    wait("the live run's two steps", lambda: browser.execute_script(chart.format("reward"))[0] == [1, 2])
+    assert "training" in browser.find_element("id", "run-step").text
+    live.advance()  # the learner writes step 3 while the page is open
+    wait("the new step", lambda: browser.execute_script(chart.format("reward"))[0] == [1, 2, 3])
+    wait("the new step's number", lambda: "step 3/12" in browser.find_element("id", "run-step").text)
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
