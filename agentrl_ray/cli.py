@@ -9,6 +9,7 @@
     agentrl-ray sft SRC --model builtin:tiny --out DIR         supervised warm start on trace conversations
     agentrl-ray doctor                                         hardware found, and what each profile would run
     agentrl-ray eval | chat | export CHECKPOINT [...]          use a trained checkpoint (see --help of each)
+    agentrl-ray view [RUN_DIR ...]                             a local web page of runs: curves, rollouts, evals
 
 Examples (CPU, default task):     agentrl-ray train examples/calculator/config.yaml
   one GPU:                        agentrl-ray train examples/calculator/config.yaml profile=gpu
@@ -32,11 +33,12 @@ from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.traces import cli as traces_cli
 from agentrl_ray.traces import sft
 
-# Commands that use a trained checkpoint: each module has add_arguments(parser) and main(args).
+# Commands with a module of their own (using a trained checkpoint; viewing runs): add_arguments(parser), main(args).
 USE_COMMANDS = {
     "eval": ("agentrl_ray.trained.evaluate", "evaluate a checkpoint on held-out prompts (pass@k, transcripts)"),
     "chat": ("agentrl_ray.trained.chat", "talk to a checkpoint in the terminal, with its tools"),
     "export": ("agentrl_ray.trained.export", "export a checkpoint: merged HF model, LoRA adapter, or GGUF + Modelfile"),
+    "view": ("agentrl_ray.view.server", "a local web page of runs: curves, health, rollouts, evals, comparisons"),
 }
 # Commands whose output is a printout a user may pipe into `head`.
 PRINTING_COMMANDS = frozenset({"config", "plan", "doctor"})

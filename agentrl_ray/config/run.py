@@ -113,6 +113,9 @@ class RunConfig:
     """Write every N-th step's rollouts to <run_dir>/rollouts/step_<step>.jsonl as OpenAI-style messages (0 = never)."""
     save_rollouts_groups: int = 0
     """At most this many groups per saved step (whole groups, so preference pairs survive); 0 = all."""
+    rollout_sample_groups: int = 1
+    """Every other step keeps this many of its groups (the first ones) in <run_dir>/rollouts/, the sample that
+    `agentrl-ray view` and wandb's rollout table show (0 = none)."""
     sync_check: bool = False
     """After every weight push, compare each engine's greedy tokens with transformers on the weights pushed
     (metrics sync/greedy_match, sync/logprob_gap): a debugging aid for new hardware or backends; it holds one more
@@ -137,7 +140,10 @@ class RunConfig:
         need(self.checkpoint_every >= 0, "run.checkpoint_every must be >= 0 (0 = only at the end)")
         need(self.eval_every >= 0, "run.eval_every must be >= 0 (0 = only at the end)")
         need(self.eval_samples >= 1, "run.eval_samples must be at least 1")
-        need(self.save_rollouts >= 0 and self.save_rollouts_groups >= 0, "run.save_rollouts* must be >= 0")
+        need(
+            min(self.save_rollouts, self.save_rollouts_groups, self.rollout_sample_groups) >= 0,
+            "run.save_rollouts, run.save_rollouts_groups and run.rollout_sample_groups must be >= 0",
+        )
         need(self.early_stopping_patience >= 0, "run.early_stopping_patience must be >= 0 (0 = off)")
         need(
             self.early_stopping_metric != "eval/env_token_ce",

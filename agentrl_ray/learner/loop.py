@@ -64,7 +64,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     stop = None
     nonfinite_in_a_row = 0
     if rank == 0:
-        watch = RunWatch(cfg, config["train_rows"])
+        watch = RunWatch(cfg, config["train_rows"], config["log"])
         sender = make_sender(cfg, policy.lora_scaling)
         pool.ready()  # the engines started while this learner did (driver.train)
         sender.setup(pool.workers)

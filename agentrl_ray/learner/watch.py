@@ -19,23 +19,23 @@ from agentrl_ray.types import TrajectoryGroup
 
 
 class RunWatch:
-    def __init__(self, cfg: Config, train_rows: list[dict[str, Any]]) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: Config, train_rows: list[dict[str, Any]], log: Any) -> None:
+        self.cfg, self.log = cfg, log  # log: outputs.LogClient, which writes the traces on the driver's node
         self.health = HealthMonitor()
         r = cfg.run
         self.stopper = EarlyStopper(
             r.early_stopping_metric, r.early_stopping_patience, r.early_stopping_min_delta, r.early_stopping_mode
         )
-        self.rows_by_id = {str(row["id"]): row for row in train_rows} if r.save_rollouts else {}
+        self.rows_by_id = {str(row["id"]): row for row in train_rows}
         self.tools: list[dict[str, Any]] | None = None
         self.first_red: int | None = None
         names = [reward_name(fn) for fn in load_reward_functions(cfg.reward.functions)]
         self.reward_failures = RewardFailureWatch(cfg.reward.functions, names, cfg.reward.max_failing_steps)
 
     def after_step(self, step: int, groups: list[TrajectoryGroup], metrics: dict[str, Any]) -> str | None:
-        """Save the step's traces (every run.save_rollouts steps), add the health verdict to `metrics`; returns a
-        reason to stop early, or None."""
-        if self.cfg.run.save_rollouts and groups and step % self.cfg.run.save_rollouts == 0:
+        """Save the step's traces (all of them every run.save_rollouts steps, else the sample of
+        run.rollout_sample_groups), add the health verdict to `metrics`; returns a reason to stop early, or None."""
+        if groups:
             self._save(step, groups)
         self.reward_failures.update(step, metrics)  # raises after reward.max_failing_steps all-failed steps
         verdict = self.health.update(metrics)
@@ -46,15 +46,21 @@ class RunWatch:
         return reason if step < self.cfg.run.steps else None  # the last step ends the run anyway
 
     def _save(self, step: int, groups: list[TrajectoryGroup]) -> None:
-        from agentrl_ray.traces.records import group_records, write_step
+        from agentrl_ray.traces.records import group_records
 
-        if self.tools is None:
-            from agentrl_ray.envs.loading import load_env_class
+        r = self.cfg.run
+        sample = min(r.rollout_sample_groups, len(groups))
+        keep = (r.save_rollouts_groups or len(groups)) if r.save_rollouts and step % r.save_rollouts == 0 else sample
+        if keep == 0:
+            return
+        if self.tools is None:  # the class the env hosts build: env.name's, with env.tools' functions added
+            from agentrl_ray.envs.loading import env_class
             from agentrl_ray.envs.tools import tool_schemas
 
-            self.tools = tool_schemas(load_env_class(self.cfg.env.name))
-        keep = self.cfg.run.save_rollouts_groups or len(groups)
-        write_step(self.cfg.run_dir, step, group_records(groups[:keep], step, self.rows_by_id, self.tools))
+            self.tools = tool_schemas(env_class(self.cfg.env.name, tuple(self.cfg.env.tools)))
+        kept = groups[: max(keep, sample)]
+        records = group_records(kept, step, self.rows_by_id, self.tools)
+        self.log.rollouts(step, records, sum(len(g.trajectories) for g in kept[:sample]))
 
     def finish(self, step: int, stop_reason: str | None) -> dict[str, Any]:
         summary = {

@@ -1,12 +1,13 @@
-"""Run outputs: a live line per step, metrics.jsonl, optional wandb, and the reward-curve PNG.
+"""Run outputs: a live line per step, metrics.jsonl, saved rollouts, optional wandb, and the reward-curve PNG.
 
 All of them are written on the driver's node, in the folder the user looks in (`storage.py`): `MetricsLog` runs as
 a small actor pinned there (`start_driver_log`), learner rank 0 sends it each step's record through `LogClient`
 wherever rank 0 runs, and the driver draws the plot when training ends.
 
 Files that are rewritten whole (config.json, summary.json, a truncated metrics.jsonl) go through `atomic_write_*`:
-a crash leaves the old file or the new one, never half of one. metrics.jsonl is appended one line per step; a line
-torn by a crash is cut off on resume (`resume.repair_metrics`).
+a crash leaves the old file or the new one, never half of one; so do the rollouts of a step,
+`rollouts/step_<step>.jsonl` (the format: `traces/records.py`), which `agentrl-ray view` reads while the run trains.
+metrics.jsonl is appended one line per step; a line torn by a crash is cut off on resume (`resume.repair_metrics`).
 """
 
 from __future__ import annotations
@@ -56,13 +57,35 @@ def wandb_run_id(run_dir: Path, name: str, now: float) -> str:
     return run_id
 
 
+def write_rollouts(run_dir: Path, step: int, records: list[dict[str, Any]]) -> Path:
+    """A step's trace records (`traces.records.group_records`) as `<run_dir>/rollouts/step_<step>.jsonl`."""
+    folder = run_dir / "rollouts"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step_{step:06d}.jsonl"
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def conversation_text(record: dict[str, Any]) -> str:
+    """A trace record's conversation as plain text, one message a paragraph (wandb's table cell)."""
+    lines = []
+    for m in record["prompt"] + record["completion"]:
+        calls = [f"{c['function']['name']}({c['function']['arguments']})" for c in m.get("tool_calls") or []]
+        lines.append(f"[{m['role']}] " + " ".join([m.get("content") or "", *calls]).strip())
+    return "\n\n".join(lines)
+
+
+ROLLOUT_COLUMNS = ["step", "prompt_id", "sample", "reward", "reward_parts", "finish_reason", "tool_errors", "text"]
+
+
 class MetricsLog:
     def __init__(self, run_dir: Path, cfg: RunConfig, full_config: dict[str, Any], total_steps: int) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.total_steps = total_steps
         self.start = time.time()
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.wandb = None
+        self.run_dir = run_dir
+        self.wandb = self.rollout_table = None
         self.stop_message: str | None = None
         if cfg.wandb:
             import wandb
@@ -90,6 +113,22 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
+
+    def rollouts(self, step: int, records: list[dict[str, Any]], sample: int) -> None:
+        """Write a step's rollouts; its first `sample` records (run.rollout_sample_groups) go to wandb's rollout
+        table too, one table that grows step by step (wandb's incremental mode)."""
+        write_rollouts(self.run_dir, step, records)
+        if self.wandb is None or not sample:
+            return
+        import wandb
+
+        if self.rollout_table is None:
+            self.rollout_table = wandb.Table(columns=ROLLOUT_COLUMNS, log_mode="INCREMENTAL")
+        for r in records[:sample]:
+            parts = json.dumps(r["reward_parts"])
+            row = [step, r["prompt_id"], r["sample_index"], r["reward"], parts, r["finish_reason"]]
+            self.rollout_table.add_data(*row, r["num_tool_errors"], conversation_text(r))
+        self.wandb.log({"rollouts": self.rollout_table}, step=step)
 
     def print_step(self, step: int, m: dict[str, Any]) -> None:
         print_step(step, m, self.total_steps)
@@ -122,6 +161,11 @@ class LogClient:
         import ray
 
         ray.get(self.actor.log.remote(step, metrics))
+
+    def rollouts(self, step: int, records: list[dict[str, Any]], sample: int) -> None:
+        import ray
+
+        ray.get(self.actor.rollouts.remote(step, records, sample))
 
     def print_step(self, step: int, m: dict[str, Any]) -> None:
         print_step(step, m, self.total_steps)  # rank 0's console; Ray forwards it to the driver's

@@ -1,6 +1,7 @@
 """Trace records: one JSON line per trajectory, as OpenAI-style chat messages.
 
-A run with `run.save_rollouts=N` writes the rollouts of every N-th step to `<run_dir>/rollouts/step_<step>.jsonl`:
+A run with `run.save_rollouts=N` writes the rollouts of every N-th step to `<run_dir>/rollouts/step_<step>.jsonl`
+(`run.outputs.write_rollouts`), and of every other step the first `run.rollout_sample_groups` groups (default 1):
 
     {"prompt_id": "17", "sample_index": 3, "step": 12, "policy_version": 11, "reward": 1.0,
      "reward_parts": {"answer_match": 1.0}, "finish_reason": "answer", "num_tool_calls": 1, "num_tool_errors": 0,
@@ -75,14 +76,6 @@ def group_records(
                 }
             )
     return out
-
-
-def write_step(run_dir: Path, step: int, records: list[dict[str, Any]]) -> Path:
-    folder = run_dir / "rollouts"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"step_{step:06d}.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
 
 
 def trace_files(source: str | Path) -> list[Path]:

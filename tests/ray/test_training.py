@@ -51,6 +51,11 @@ def test_steps_change_weights_then_resume_continues(local_ray, builtin_model_pat
     assert [r["step"] for r in records] == [0, 1, 2]
     assert all(r["time/sync_s"] >= 0 for r in records[1:])
     assert (run_dir / "reward_curve.png").stat().st_size > 0
+    # Every step keeps its first group (run.rollout_sample_groups=1), written on the driver's node: the viewer's sample.
+    assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == ["step_000001.jsonl", "step_000002.jsonl"]
+    sample = [json.loads(x) for x in (run_dir / "rollouts" / "step_000002.jsonl").read_text().splitlines()]
+    assert [r["sample_index"] for r in sample] == [0, 1, 2, 3] and len({r["prompt_id"] for r in sample}) == 1
+    assert sample[0]["step"] == 2 and sample[0]["completion"][0]["role"] == "assistant"
 
     base = _weights(__import__("pathlib").Path(builtin_model_path))
     ckpt2 = _weights(run_dir / "checkpoint_000002" / "model")

@@ -161,12 +161,44 @@ def test_plan_gpu_profile_without_gpus_is_one_line():
 @pytest.mark.parametrize(
     "command",
     [("train",), ("plan",), ("build-model",), ("traces", "convert"), ("sft",), ("doctor",), ("eval",), ("chat",),
-     ("export",)],
+     ("export",), ("view",)],
 )  # fmt: skip
 def test_every_command_has_help(command):
     res = cli(*command, "--help")
     assert res.returncode == 0 and res.stdout.startswith(f"usage: agentrl-ray {' '.join(command)}"), res
     assert not res.stderr, res.stderr
+
+
+def test_view_starts_serves_and_stops(tmp_path):
+    """`agentrl-ray view` on a folder of runs prints its URL, serves the page, and stops on Ctrl-C (SIGINT); a
+    folder that is not there is one line. The page itself: test_view.py, test_view_browser.py."""
+    import signal
+    import socket
+    import urllib.request
+
+    assert one_line_error(cli("view", str(tmp_path / "nope"))).endswith(f"no such folder: {tmp_path / 'nope'} (give "
+                                                                        "run folders or a folder of runs)")  # fmt: skip
+    earlier_run(tmp_path, "calculator")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    cmd = [sys.executable, "-m", "agentrl_ray", "view", str(tmp_path), "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith(f"agentrl-ray view: http://127.0.0.1:{port}/ (1 runs under {tmp_path}")
+        for _ in range(100):
+            try:
+                runs = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs", timeout=5).read())
+                break
+            except OSError:
+                time.sleep(0.1)
+        assert [r["name"] for r in runs] == ["calculator"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
 
 
 @pytest.mark.parametrize("command", [("eval",), ("chat",), ("export", "--format", "merged")])

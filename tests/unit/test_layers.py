@@ -35,6 +35,7 @@ LAYERS = {
     # entry points and using a trained model
     "driver": 7,
     "trained": 7,  # checkpoints, inference, eval, chat, export: the rollout pool on a checkpoint
+    "view": 7,  # agentrl-ray view: a web page over run folders (reads them; imports config for its errors)
     "api": 8,
     "cli": 9,
     "__main__": 10,

@@ -12,8 +12,9 @@ from trl.data_utils import is_conversational, maybe_apply_chat_template, unpair_
 
 from agentrl_ray.chat_format import parse_tool_calls  # noqa: E402
 from agentrl_ray.messages import assistant_message, from_openai, to_openai, tool_messages  # noqa: E402
+from agentrl_ray.run.outputs import write_rollouts  # noqa: E402
 from agentrl_ray.traces.convert import build_rows, save_dataset  # noqa: E402
-from agentrl_ray.traces.records import group_records, read_records, write_step  # noqa: E402
+from agentrl_ray.traces.records import group_records, read_records  # noqa: E402
 from agentrl_ray.types import Trajectory, TrajectoryGroup  # noqa: E402
 
 TOOLS = [
@@ -84,7 +85,7 @@ def test_rollouts_to_records_to_every_dataset(tmp_path):
         TrajectoryGroup("p2", [trajectory("p2", i, 0.0, False, "It is 400.") for i in range(2)]),
     ]
     rows = {"p1": {"id": "p1", "prompt": "x", "answer": "408"}, "p2": {"id": "p2", "prompt": "x", "answer": "408"}}
-    write_step(tmp_path, 7, group_records(groups, 7, rows, TOOLS))
+    write_rollouts(tmp_path, 7, group_records(groups, 7, rows, TOOLS))
     line = json.loads((tmp_path / "rollouts" / "step_000007.jsonl").read_text().splitlines()[0])
     assert isinstance(line["completion"][0]["tool_calls"][0]["function"]["arguments"], str)  # OpenAI wire form
     records = read_records(tmp_path)
