@@ -19,15 +19,16 @@ $(VENV)/.installed: pyproject.toml
 	# vLLM's dependencies bring CUDA builds of torchvision/torchaudio/torchcodec, which break transformers on
 	# a CPU torch ("operator torchvision::nms does not exist"); nothing here uses them.
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
-	# llama.cpp's GGUF converter (agentrl-ray export --format gguf), from the llama-cpp-python sdist on PyPI: ~45 s,
-	# nothing compiled. Fetched here so that tests never download; export would fetch it on first use otherwise.
-	$(BIN)/python -c "from agentrl_ray.trained.gguf_convert import ensure_converter; ensure_converter()"
 	touch $@
 
 run: install
 	$(BIN)/agentrl-ray train $(CONFIG) $(ARGS)
 
 test: install
+	# llama.cpp's GGUF converter (agentrl-ray export --format gguf), from the llama-cpp-python sdist on PyPI: ~45 s
+	# once, nothing compiled, into $AGENTRL_CACHE. Fetched before the tests so that tests never download; not in
+	# install, so that make run does not wait for it (export fetches it on first use).
+	$(BIN)/python -c "from agentrl_ray.trained.gguf_convert import ensure_converter; ensure_converter()"
 	$(BIN)/python -m pytest tests -v --timeout 1200
 
 test-fast: install
