@@ -296,7 +296,8 @@ def test_the_recipe_rebuilds_a_model_as_good_as_the_shipped_one(tmp_path):
 
 # Greedy answers right after a forced tool call, over 200 held-out questions (the default run's): what greedy
 # held-out success can reach once RL has made the model call the tool (docs/default_run.md, "Where the errors are").
-# The shipped model reaches 0.975 on a 2-core AMD EPYC; 0.95 is the default run's target.
+# The shipped model: 0.985 (and the tool called in 0.29 of sampled first turns) on a 2-core AMD EPYC; 0.95 is
+# the default run's target.
 COPY_GATE = 0.95
 
 
