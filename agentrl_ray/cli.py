@@ -4,7 +4,7 @@
     agentrl-ray config [CONFIG.yaml] [section.key=value ...]   print the resolved config and exit
     agentrl-ray config --help                                  list every config key: type, default, description
     agentrl-ray plan [CONFIG.yaml] [overrides] [--nodes JSON]  print the placement plan (which actor on which node)
-    agentrl-ray build-model                                    build and cache the built-in default model
+    agentrl-ray build-model [--rebuild]                        the built-in default model's folder (shipped or built)
     agentrl-ray traces convert SRC --format sft|kto|preference|grpo --out DIR   rollouts/logs -> HF datasets
     agentrl-ray sft SRC --model builtin:tiny --out DIR         supervised warm start on trace conversations
     agentrl-ray doctor                                         hardware found, and what each profile would run
@@ -63,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     build = sub.add_parser("build-model", help="build and cache a built-in model (default: the tiny default model)")
     build.add_argument("--size", default="tiny", choices=BUILTIN_MODELS, help="small: ~25M parameters")
+    build.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="build it from its recipe into $AGENTRL_CACHE even where the package ships it (minutes on a CPU)",
+    )
     traces_cli.add_parsers(sub)
     sft.add_parser(sub)
     doctor = sub.add_parser("doctor", help="print the hardware found and what each profile would run")
@@ -111,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "build-model":
         from agentrl_ray.builtin.model import ensure_builtin_model
 
-        print(ensure_builtin_model(size=args.size))
+        print(ensure_builtin_model(size=args.size, force=args.rebuild, shipped=not args.rebuild))
         return 0
     if args.command == "config" and args.help:
         print(config_help.render())

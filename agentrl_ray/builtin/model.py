@@ -13,9 +13,14 @@
    wrong number. The model thus knows both behaviours and the copy skill, and starts with a held-out success near
    `TOOL_FRACTION`: low, but not zero, so GRPO has something to reinforce (it only has to move the first decision).
 
-The folder lives under `$AGENTRL_CACHE/models/` (default `~/.cache/agentrl_ray/models/`), named by a hash of the
-recipe, so changing the recipe (or the calculator's tool schema, which the system prompt shows) builds a new one.
-It is built in a temporary folder and renamed into place under a file lock: concurrent callers build it once.
+A folder is named by a hash of the recipe, so changing the recipe (or the calculator's tool schema, which the
+system prompt shows) names a new one. The package ships the built models whose recipe has not changed since they were
+built (`builtin/weights/<name>-<hash>/`, package data, ~2 MB each): the same bytes on every machine, where a build
+differs with the CPU's float rounding (a build on one Intel Xeon had not learned to copy where builds on other CPUs
+had) and costs minutes. Any other recipe, and `agentrl-ray build-model --rebuild`, builds into
+`$AGENTRL_CACHE/models/` (default `~/.cache/agentrl_ray/models/`), in a temporary folder renamed into place under a
+file lock: concurrent callers build it once. Every build writes `recipe.json` beside the weights (the recipe, its
+hash, the CPU and library versions it was built with, how long it took).
 
 `builtin:tiny-grid` (GRID_RECIPE) is the same shape and layout with its tokenizer and warm-up taken from the grid
 task's random walks instead (`builtin/grid.py`, `examples/grid`).
@@ -29,6 +34,7 @@ import json
 import logging
 import math
 import os
+import platform
 import random
 import re
 import shutil
@@ -55,6 +61,9 @@ def calculator_tools() -> list[dict[str, Any]]:
     return tool_schemas(CalculatorEnv)
 
 
+SHIPPED = Path(__file__).parent / "weights"  # built models shipped as package data (pyproject.toml)
+
+
 def default_cache_root() -> Path:
     return Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl_ray").expanduser()
 
@@ -74,20 +83,34 @@ def recipe_hash(recipe: Recipe, tools: list[dict[str, Any]]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def ensure_builtin_model(cache_dir: Path | None = None, *, force: bool = False, size: str = "tiny") -> Path:
-    """Build a built-in model once and return its folder: `size` "tiny" (the default model, 0.44M parameters,
-    ~3 min on 2 CPU cores) or "small" (~25M parameters, for benchmarks; see SMALL_RECIPE).
-
-    `cache_dir` replaces the cache root (`$AGENTRL_CACHE`, default `~/.cache/agentrl_ray`); the model goes to
-    `<root>/models/<size>-calculator-<recipe hash>`. `force=True` rebuilds it even if it exists.
-    """
+def folder_name(size: str) -> str:
+    """`<name>-<recipe hash>`: the folder of built-in model `size`, shipped or cached."""
     if size not in RECIPES:
         raise ValueError(f"unknown built-in model size {size!r}; choose one of {sorted(RECIPES)}")
     recipe = RECIPES[size]
     tools = calculator_tools() if recipe.task == "arithmetic" else builtin_grid.grid_tools()
-    models = (Path(cache_dir) if cache_dir is not None else default_cache_root()) / "models"
     name = NAME if size == "tiny" else size if recipe.task != "arithmetic" else f"{size}-calculator"
-    target = models / f"{name}-{recipe_hash(recipe, tools)}"
+    return f"{name}-{recipe_hash(recipe, tools)}"
+
+
+def ensure_builtin_model(
+    cache_dir: Path | None = None, *, force: bool = False, size: str = "tiny", shipped: bool = True
+) -> Path:
+    """Return the folder of a built-in model: `size` "tiny" (the default model, 0.44M parameters), "small" (~25M
+    parameters, for benchmarks; see SMALL_RECIPE) or "tiny-grid".
+
+    The folder shipped with the package when its recipe hash matches (unless `shipped=False` or `force=True`);
+    otherwise built once (minutes on 2 CPU cores) into `<cache root>/models/<name>-<recipe hash>`, where `cache_dir`
+    replaces the cache root (`$AGENTRL_CACHE`, default `~/.cache/agentrl_ray`). `force=True` rebuilds it even if it
+    exists.
+    """
+    name = folder_name(size)
+    if shipped and not force and (SHIPPED / name / "config.json").is_file():
+        return SHIPPED / name
+    recipe = RECIPES[size]
+    tools = calculator_tools() if recipe.task == "arithmetic" else builtin_grid.grid_tools()
+    models = (Path(cache_dir) if cache_dir is not None else default_cache_root()) / "models"
+    target = models / name
     if (target / "config.json").is_file() and not force:
         return target
     models.mkdir(parents=True, exist_ok=True)
@@ -155,7 +178,27 @@ def build(out_dir: Path, recipe: Recipe, tools: list[dict[str, Any]]) -> None:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    log.info("built-in model: built in %.0f s -> %s", time.perf_counter() - start, out_dir)
+    seconds = time.perf_counter() - start
+    provenance = {
+        "recipe": asdict(recipe),
+        "recipe_hash": recipe_hash(recipe, tools),
+        "parameters": n_params,
+        "built_on": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__},
+        "build_seconds": round(seconds),
+    }
+    (out_dir / "recipe.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    log.info("built-in model: built in %.0f s -> %s", seconds, out_dir)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (float rounding, and so a build, differs between CPU kinds)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 # ---------------------------------------------------------------------------------------------------- tokenizer

@@ -1,7 +1,11 @@
-"""The built-in model and task: built once into a temporary cache (the slow part, ~2 min on 2 cores), then checked
-the way the rest of the system uses it — loadable by transformers, prompt ids from the chat template, tool results
-encoded as separate segments giving the same ids as the whole rendered conversation, and a warm start that calls
-the calculator sometimes (not never, not always) and copies correctly when it does.
+"""The built-in model and task: the model the package ships (built once by its recipe, package data), checked the way
+the rest of the system uses it — the recipe it names is the recipe in the code, loadable by transformers, prompt ids
+from the chat template, tool results encoded as separate segments giving the same ids as the whole rendered
+conversation, and a warm start that calls the calculator sometimes (not never, not always) and copies correctly when
+it does. One test (marker `rebuild`, `make test-rebuild`; not in `make test`, whose 30-minute budget it would take a
+third of) rebuilds it from its recipe (~10 min on 2 cores) and checks the rebuild's warm start the same way: the
+recipe still makes a model as good as the one shipped. A recipe changed without re-shipping fails
+`make test` at once (the shipped folder must be the code's recipe).
 
 vLLM loading and the sampled success under vLLM are measured by benchmarks/builtin_model_quality.py and exercised
 by the tests in tests/ray, which roll out this model.
@@ -9,6 +13,7 @@ by the tests in tests/ray, which roll out this model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -34,17 +39,19 @@ def _call(expression: str) -> dict:
     return {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
 
 
-@pytest.fixture(scope="module")
-def built(builtin_model_path):
-    """The session's model (built from scratch on a clean checkout, as in CI): one build per test run."""
+def _load(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    return AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def built(builtin_model_path):
+    """The session's model: the shipped one (or, with a recipe changed since it was shipped, one built now)."""
     start = time.perf_counter()
-    path = ensure_builtin_model(Path(builtin_model_path).parent.parent)
-    build_s = time.perf_counter() - start
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return path, tokenizer, model, build_s
+    path = Path(builtin_model_path)
+    tokenizer, model = _load(path)
+    return path, tokenizer, model, time.perf_counter() - start
 
 
 # ---------------------------------------------------------------------------------------------------- task
@@ -71,13 +78,54 @@ def test_arithmetic_rows_are_deterministic_correct_and_splits_disjoint():
 # ---------------------------------------------------------------------------------------------------- cache
 
 
+def test_shipped_model_is_the_recipe_in_the_code():
+    """Every shipped folder is named by a recipe of the code, holds that recipe (recipe.json), and its config and
+    tokenizer have that recipe's shape; the default model is shipped. A changed recipe names another folder: then
+    this fails until the model is rebuilt and shipped again (README, "The built-in models")."""
+    shipped = sorted(p.name for p in builtin_model.SHIPPED.iterdir() if p.is_dir())
+    names = {builtin_model.folder_name(size): size for size in recipes.RECIPES}
+    assert builtin_model.folder_name("tiny") in shipped
+    for folder in shipped:
+        assert folder in names, f"{folder} is shipped but no recipe of the code names it (rebuild and ship it)"
+        recipe = recipes.RECIPES[names[folder]]
+        path = builtin_model.SHIPPED / folder
+        provenance = json.loads((path / "recipe.json").read_text())
+        assert provenance["recipe"] == dataclasses.asdict(recipe)
+        assert folder.endswith(provenance["recipe_hash"])
+        config = json.loads((path / "config.json").read_text())
+        shape = {
+            "hidden_size": recipe.hidden_size,
+            "intermediate_size": recipe.intermediate_size,
+            "num_hidden_layers": recipe.num_layers,
+            "num_attention_heads": recipe.num_heads,
+            "num_key_value_heads": recipe.num_kv_heads,
+            "max_position_embeddings": recipe.max_positions,
+            "tie_word_embeddings": True,
+        }
+        assert {k: config[k] for k in shape} == shape
+        tokenizer = json.loads((path / "tokenizer.json").read_text())
+        assert config["vocab_size"] == len(tokenizer["model"]["vocab"]) <= recipe.vocab_size
+        assert [t["content"] for t in tokenizer["added_tokens"]] == recipes.SPECIAL_TOKENS
+        assert (path / "chat_template.jinja").read_text() == recipes.CHAT_TEMPLATE
+
+
+def test_shipped_model_is_used_without_a_build(tmp_path, monkeypatch):
+    def no_build(*args, **kwargs):
+        raise AssertionError("the shipped model should have been used")
+
+    monkeypatch.setattr(builtin_model, "build", no_build)
+    path = ensure_builtin_model(tmp_path)
+    assert path == builtin_model.SHIPPED / builtin_model.folder_name("tiny")
+    assert not (tmp_path / "models").exists()
+
+
 def test_build_is_cached_and_loadable(built):
-    path, tokenizer, model, build_s = built
-    print(f"built-in model built in {build_s:.0f} s")
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+    path, tokenizer, model, load_s = built
+    print(f"built-in model {path.name} loaded in {load_s:.1f} s")
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "recipe.json"):
         assert (path / name).is_file(), name
     start = time.perf_counter()
-    assert ensure_builtin_model(path.parent.parent) == path
+    assert ensure_builtin_model() == path
     assert time.perf_counter() - start < 5  # no rebuild
     config = json.loads((path / "config.json").read_text())
     assert config["model_type"] == "qwen2" and config["tie_word_embeddings"]
@@ -98,7 +146,8 @@ def test_concurrent_callers_build_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(builtin_model, "build", fake_build)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(ensure_builtin_model(tmp_path))) for _ in range(3)]
+    build_one = lambda: results.append(ensure_builtin_model(tmp_path, shipped=False))  # noqa: E731
+    threads = [threading.Thread(target=build_one) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
@@ -228,7 +277,36 @@ def _generate(model, tokenizer, seqs: list[list[int]], *, sample: bool, seed: in
 
 def test_warm_start_sometimes_calls_the_tool_and_copies_when_it_does(built):
     _, tokenizer, model, _ = built
-    rows = make_arithmetic_rows(60, 0, "eval")
+    called, correct = _warm_start(tokenizer, model)
+    assert 0.08 <= called <= 0.5, called
+    assert correct >= COPY_GATE, correct
+
+
+@pytest.mark.rebuild
+def test_the_recipe_rebuilds_a_model_as_good_as_the_shipped_one(tmp_path):
+    """The shipped weights are one build of the recipe; a build on this machine (another CPU rounds differently)
+    must pass the same warm-start gate."""
+    start = time.perf_counter()
+    path = ensure_builtin_model(tmp_path, shipped=False)
+    print(f"built-in model rebuilt in {time.perf_counter() - start:.0f} s")
+    assert path.name == builtin_model.folder_name("tiny") and path.parent == tmp_path / "models"
+    called, correct = _warm_start(*_load(path))
+    print(f"rebuilt: tool called in {called:.2f} of sampled first turns, forced calls right {correct:.3f}")
+    assert 0.08 <= called <= 0.5, called
+    assert correct >= COPY_GATE, correct
+
+
+# Greedy answers right after a forced tool call, over 200 held-out questions (the default run's): what greedy
+# held-out success can reach once RL has made the model call the tool (docs/default_run.md, "Where the errors are").
+# The shipped model: 0.985 (and the tool called in 0.29 of sampled first turns) on a 2-core AMD EPYC; 0.95 is
+# the default run's target.
+COPY_GATE = 0.95
+
+
+def _warm_start(tokenizer, model) -> tuple[float, float]:
+    """(share of held-out questions whose sampled first turn calls the tool, share answered right when the first turn
+    is forced to open a tool call and everything after is greedy)."""
+    rows = make_arithmetic_rows(200, 0, "eval")
     prompts = [
         list(tokenizer.apply_chat_template(r["prompt"], tools=TOOLS, add_generation_prompt=True, return_dict=False))
         for r in rows
@@ -236,7 +314,6 @@ def test_warm_start_sometimes_calls_the_tool_and_copies_when_it_does(built):
     # Sampled at temperature 1 (as RL samples): the tool is called in roughly 1 of 4 trajectories.
     first = _generate(model, tokenizer, prompts, sample=True, seed=0)
     called = [bool(parse_tool_calls(tokenizer.decode(t)).calls) for t in first]
-    assert 0.08 <= sum(called) / len(rows) <= 0.5, sum(called)
     # Once it opens a tool call, it copies the question into it and the result into its answer.
     tool_call = tokenizer.convert_tokens_to_ids("<tool_call>")
     forced = [p + [tool_call] for p in prompts]
@@ -256,7 +333,7 @@ def test_warm_start_sometimes_calls_the_tool_and_copies_when_it_does(built):
         extract_final_answer(tokenizer.decode(t)) for t in _generate(model, tokenizer, second, sample=False, seed=0)
     ]
     correct = sum(a == e for a, e in zip(answers, expected))
-    assert correct >= 0.8 * len(rows), (correct, len(second))
+    return sum(called) / len(rows), correct / len(rows)
 
 
 def test_config_knows_every_builtin_size():

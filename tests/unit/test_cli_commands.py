@@ -211,7 +211,7 @@ def test_using_a_run_that_is_not_there_is_one_line(tmp_path, command):
 
 
 def test_build_model_prints_the_cached_model(builtin_model_path):
-    """With the model built (the session's fixture, the same cache), `build-model` prints its folder and returns."""
+    """`build-model` prints the folder of the model the session uses (the shipped one) and returns."""
     res = cli("build-model")
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == builtin_model_path
