@@ -1,0 +1,192 @@
+"""The agent kind (`env.agent`): the user's `async def run(client, row)` once per trajectory, in a process of its own,
+against the worker's endpoint; its calls become the trajectory's training sequences.
+
+Containment, as for user environments (docs/reliability.md): each trajectory's program runs in a child forked from
+a fork server that preloaded `openai` and the agent's module (a fork costs milliseconds; a fresh interpreter
+importing `openai` would cost a second of CPU per trajectory). It is killed at `env.agent_timeout_s`; an exception,
+an exit, a crash or a hang costs that trajectory only: reward 0, finish reason "error", the sequences of the calls
+it made still trained (its failure is the policy's outcome as much as the program's). A call past the budget is
+refused by the endpoint with an OpenAI-style error; a program that stops there (raising or not) is scored on what
+it did, finish reason "max_turns" or "length". At most `env.agent_processes` programs run at once per worker.
+
+Rewards: the number `run` returns; `None` (or nothing): the reward functions score the transcript (the last call's
+messages and its reply, after the first call's prompt), with TRL's signature, as for a built-in environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl_ray.chat_format import prompt_messages
+from agentrl_ray.config import EnvConfig, RewardConfig, RolloutConfig
+from agentrl_ray.rewards import score
+from agentrl_ray.rewards.scoring import RewardState
+from agentrl_ray.rollout.endpoint.calls import canonical
+from agentrl_ray.rollout.endpoint.child import run_agent
+from agentrl_ray.rollout.endpoint.server import Endpoint, Session
+from agentrl_ray.rollout.endpoint.stitch import Sequence, stitch
+from agentrl_ray.types import RolloutTimings, SequencePart, TokenRole, Trajectory, role_masks
+
+logger = logging.getLogger("agentrl_ray")
+
+
+@dataclass
+class Outcome:
+    reward: float | None
+    error: str  # "" when the program returned
+
+
+class AgentRunner:
+    """The rollouts of one worker whose trajectories are agent programs."""
+
+    def __init__(self, endpoint: Endpoint, env_cfg: EnvConfig, cfg: RolloutConfig, reward_cfg: RewardConfig, funcs):
+        self.endpoint, self.env_cfg, self.cfg, self.reward_cfg, self.funcs = endpoint, env_cfg, cfg, reward_cfg, funcs
+        self.ctx = multiprocessing.get_context("forkserver")
+        module = env_cfg.agent.partition(":")[0]
+        preload = ["openai", "agentrl_ray.rollout.endpoint.child"]
+        self.ctx.set_forkserver_preload(preload if env_cfg.agent.startswith("pickled:") else [*preload, module])
+        self.slots = asyncio.Semaphore(env_cfg.agent_processes)
+
+    async def rollout(
+        self, rows: list[dict], keys: list[str], temperature: float, seed: int, version: int, timings: RolloutTimings
+    ) -> list[Trajectory]:
+        """One trajectory per key (`keys[i]` samples `rows[i]`), in order."""
+        if not self.endpoint.base_url:
+            await self.endpoint.start()
+        t0 = time.perf_counter()
+        sessions = [self.endpoint.open(k, temperature, seed) for k in keys]
+        outcomes = await asyncio.gather(*(self._run(row, s) for row, s in zip(rows, sessions)))
+        timings.generate_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        trajs = self._score(rows, sessions, outcomes, version)
+        timings.reward_s += time.perf_counter() - t0
+        return trajs
+
+    async def _run(self, row: dict, session: Session) -> Outcome:
+        async with self.slots:
+            try:
+                return await self._process(row, session.key)
+            finally:
+                self.endpoint.finish(session.key)
+
+    async def _process(self, row: dict, key: str) -> Outcome:
+        timeout = self.env_cfg.agent_timeout_s
+        recv, send = self.ctx.Pipe(duplex=False)
+        args = (send, self.env_cfg.agent, row, self.endpoint.base_url, key, timeout)
+        process = self.ctx.Process(target=run_agent, args=args, daemon=True)
+        process.start()
+        send.close()  # the child holds the only writer: its death reads as end of file
+        loop = asyncio.get_running_loop()
+        readable = loop.create_future()
+        loop.add_reader(recv.fileno(), lambda: readable.done() or readable.set_result(None))
+        try:
+            await asyncio.wait_for(readable, timeout)
+            status, value = recv.recv()
+        except TimeoutError:
+            return Outcome(None, f"agent still running after env.agent_timeout_s={timeout}s: killed")
+        except EOFError:
+            process.join(1)
+            return Outcome(None, f"agent process ended without an answer (exit code {process.exitcode})")
+        finally:
+            loop.remove_reader(recv.fileno())
+            recv.close()
+            if process.is_alive():
+                process.kill()
+            await asyncio.to_thread(process.join, 5)
+        return Outcome(value, "") if status == "ok" else Outcome(None, value)
+
+    # ---------------------------------------------------------------- trajectories
+
+    def _score(self, rows: list[dict], sessions: list[Session], outcomes: list[Outcome], version: int):
+        prompts, completions, stats = [], [], []
+        for row, s, o in zip(rows, sessions, outcomes):
+            prompt, completion = _transcript(s) if s.calls else (prompt_messages(row["prompt"]), [])
+            prompts.append(prompt)
+            completions.append(completion)
+            stats.append(self._stats(s, o))
+            if o.error:
+                logger.warning("agent of %s: %s", s.key, o.error)
+        columns = {k: [r.get(k) for r in rows] for k in rows[0]}
+        rewards, parts = score(
+            self.funcs,
+            self.reward_cfg.weights,
+            completions,
+            columns,
+            episode_stats=stats,
+            env_rewards=[None] * len(rows),
+            completion_ids=[[] for _ in rows],
+            trainer_state=RewardState(global_step=version),
+        )
+        out = []
+        for row, s, o, prompt, completion, st, r, p in zip(
+            rows, sessions, outcomes, prompts, completions, stats, rewards, parts
+        ):
+            if o.reward is not None:
+                r, p = o.reward, {"agent": o.reward}
+            elif st["finish_reason"] == "error":
+                r, p = 0.0, {**p, "agent/error": 1.0}
+            out.append(self._trajectory(row, s, st, float(r), p, prompt, completion, version))
+        return out
+
+    def _stats(self, s: Session, o: Outcome) -> dict[str, Any]:
+        refused = {"turn_budget_exceeded": "max_turns", "context_length_exceeded": "length"}.get(s.refused)
+        if o.error and not refused:
+            finish = "error"
+        elif refused:
+            finish = refused
+        else:
+            finish = "length" if s.calls and s.calls[-1].choices[0].finish_reason == "length" else "answer"
+        sampled = [c for call in s.calls for c in call.choices]
+        return {
+            "finish_reason": finish,
+            "num_tool_calls": sum(len(c.message.get("tool_calls") or []) for c in sampled),
+            "num_tool_errors": 0,
+            "num_steps": len(s.calls),
+            "num_step_errors": 0,
+            "num_tokens": sum(len(c.token_ids) for c in sampled),
+        }
+
+    def _trajectory(self, row, s: Session, st, reward, parts, prompt, completion, version) -> Trajectory:
+        sequences = stitch(s.calls)
+        if not sequences:  # no call made: a prompt-only row, in no loss, so that the group keeps its size
+            ids = self.endpoint.renderer.tokenizer.apply_chat_template(
+                prompt, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            sequences = [Sequence(list(ids), [TokenRole.PROMPT] * len(ids), [0.0] * len(ids), len(ids), -1)]
+        *earlier, last = sequences
+        return Trajectory(
+            prompt_id=str(row["id"]),
+            sample_index=0,
+            token_ids=last.ids,
+            **role_masks(last.roles),
+            rollout_logprobs=last.logprobs,
+            reward=reward,
+            reward_parts=parts,
+            policy_version=min((c.policy_version for c in s.calls), default=version),
+            finish_reason=st["finish_reason"],
+            prompt_len=last.prompt_len,
+            num_tool_calls=st["num_tool_calls"],
+            num_steps=st["num_steps"],
+            prompt_messages=prompt,
+            completion_messages=completion,
+            earlier_parts=[
+                SequencePart(q.ids, **role_masks(q.roles), rollout_logprobs=q.logprobs, prompt_len=q.prompt_len)
+                for q in earlier
+            ],
+        )
+
+
+def _transcript(s: Session) -> tuple[list[dict], list[dict]]:
+    """(prompt, completion) messages of a trajectory: the first call's messages are the prompt; the completion is
+    the rest of the last call's messages and its reply (all of them and the reply if the agent rewrote the prompt)."""
+    prompt = s.calls[0].messages
+    last = s.calls[-1]
+    conversation = [*last.messages, last.choices[0].message]
+    if canonical(conversation[: len(prompt)]) == canonical(prompt):
+        return prompt, conversation[len(prompt) :]
+    return prompt, conversation
