@@ -64,7 +64,8 @@ class SequencePart:
     def __post_init__(self) -> None:
         for name in ("action_mask", "env_mask", "template_mask", "rollout_logprobs"):
             if len(getattr(self, name)) != len(self.token_ids):
-                raise ValueError(f"SequencePart: {name} has length {len(getattr(self, name))}, want {len(self.token_ids)}")
+                n, want = len(getattr(self, name)), len(self.token_ids)
+                raise ValueError(f"SequencePart: {name} has length {n}, token_ids has {want}")
 
 
 @dataclass

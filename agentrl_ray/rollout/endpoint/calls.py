@@ -60,11 +60,19 @@ def canonical(messages: list[Message]) -> list[tuple]:
     out = []
     for m in messages:
         calls = [
-            (c["function"]["name"], json.dumps(c["function"].get("arguments", {}), sort_keys=True))
-            for c in m.get("tool_calls") or []
+            (c["function"]["name"], _arguments(c["function"].get("arguments", {}))) for c in m.get("tool_calls") or []
         ]
         out.append((m["role"], (m.get("content") or "").strip(), tuple(calls)))
     return out
+
+
+def _arguments(args: Any) -> str:
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return args
+    return json.dumps(args, sort_keys=True)
 
 
 class Renderer:
@@ -160,4 +168,3 @@ def _segments(tail: str, new_messages: list[Message]) -> list[Segment]:
 
 def _joined(segments: list[Segment]) -> str:
     return "".join(text for text, _ in segments)
-

@@ -85,7 +85,8 @@ class Endpoint:
         self.pending: list[_Pending] = []
         self._wake = asyncio.Event()
         # One thread owns the engine; it keeps the worker's torch thread count (a new thread would not).
-        self._engine_thread = ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
+        threads = torch.get_num_threads()
+        self._engine_thread = ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(threads,))
         self.base_url = ""
         self._tasks: list[asyncio.Task] = []
 
@@ -160,7 +161,8 @@ class Endpoint:
             raise ApiError(400, f"n must be an integer in [1, {MAX_N}]", "invalid_n")
         if len(session.calls) >= self.cfg.max_turns:
             session.refused = "turn_budget_exceeded"
-            raise ApiError(400, f"this trajectory made its {self.cfg.max_turns} calls (rollout.max_turns)", session.refused)
+            why = f"this trajectory made its {self.cfg.max_turns} calls (rollout.max_turns)"
+            raise ApiError(400, why, session.refused)
         tools = body.get("tools") if body.get("tool_choice") != "none" else None
         try:
             call = self.renderer.render(messages, tools, session.calls)
