@@ -2,12 +2,12 @@
 against the worker's endpoint; its calls become the trajectory's training sequences.
 
 Containment, as for user environments (docs/reliability.md): each trajectory's program runs in a child forked from
-a fork server that preloaded `openai` and the agent's module (a fork costs milliseconds; a fresh interpreter
-importing `openai` would cost a second of CPU per trajectory). It is killed at `env.agent_timeout_s`; an exception,
-an exit, a crash or a hang costs that trajectory only: reward 0, finish reason "error", the sequences of the calls
-it made still trained (its failure is the policy's outcome as much as the program's). A call past the budget is
-refused by the endpoint with an OpenAI-style error; a program that stops there (raising or not) is scored on what
-it did, finish reason "max_turns" or "length". At most `env.agent_processes` programs run at once per worker.
+a zygote that imported `openai` and the agent's module once (`child.py`: a fork costs milliseconds; a fresh
+interpreter importing `openai` would cost a second of CPU per trajectory). It is killed at `env.agent_timeout_s`; an
+exception, an exit, a crash or a hang costs that trajectory only: reward 0, finish reason "error", the sequences of
+the calls it made still trained (its failure is the policy's outcome as much as the program's). A call past the
+budget is refused by the endpoint with an OpenAI-style error; a program that stops there (raising or not) is scored
+on what it did, finish reason "max_turns" or "length". At most `env.agent_processes` programs run at once per worker.
 
 Rewards: the number `run` returns; `None` (or nothing): the reward functions score the transcript (the last call's
 messages and its reply, after the first call's prompt), with TRL's signature, as for a built-in environment.
@@ -16,10 +16,15 @@ messages and its reply, after the first call's prompt), with TRL's signature, as
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
-import multiprocessing
+import os
+import signal
+import sys
 import time
-from dataclasses import dataclass
+from asyncio.subprocess import PIPE
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl_ray.chat_format import prompt_messages
@@ -27,7 +32,6 @@ from agentrl_ray.config import EnvConfig, RewardConfig, RolloutConfig
 from agentrl_ray.rewards import score
 from agentrl_ray.rewards.scoring import RewardState
 from agentrl_ray.rollout.endpoint.calls import canonical
-from agentrl_ray.rollout.endpoint.child import run_agent
 from agentrl_ray.rollout.endpoint.server import Endpoint, Session
 from agentrl_ray.rollout.endpoint.stitch import Sequence, stitch
 from agentrl_ray.types import RolloutTimings, SequencePart, TokenRole, Trajectory, role_masks
@@ -41,15 +45,72 @@ class Outcome:
     error: str  # "" when the program returned
 
 
+@dataclass
+class _Child:
+    answered: asyncio.Event = field(default_factory=asyncio.Event)  # it answered, or it ended
+    pid: int = 0
+    answer: list | None = None
+    exit: int | None = None
+
+
+class Zygote:
+    """The worker's handle on `child.py`'s zygote: one agent process per `run`, killed at its deadline."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+        self.proc: asyncio.subprocess.Process | None = None
+        self.children: dict[str, _Child] = {}
+
+    async def _start(self) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # what this worker imports
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agentrl_ray.rollout.endpoint.child", self.agent, stdin=PIPE, stdout=PIPE, env=env
+        )
+        asyncio.create_task(self._read(self.proc))
+
+    async def _read(self, proc) -> None:
+        while line := await proc.stdout.readline():
+            message = json.loads(line)
+            child = self.children.get(message["id"])
+            if child is None:
+                continue
+            child.pid = message.get("pid", child.pid)
+            child.answer = message.get("answer", child.answer)
+            child.exit = message.get("exit", child.exit)
+            if "answer" in message or "exit" in message:
+                child.answered.set()
+        for child in self.children.values():  # the zygote itself died: every child still running is lost
+            child.exit = -1 if child.exit is None else child.exit
+            child.answered.set()
+
+    async def run(self, row: dict, base_url: str, key: str, timeout_s: float) -> Outcome:
+        if self.proc is None or self.proc.returncode is not None:
+            await self._start()
+        child = self.children[key] = _Child()
+        request = {"id": key, "row": row, "base_url": base_url, "key": key, "timeout_s": timeout_s}
+        try:
+            self.proc.stdin.write(json.dumps(request, default=str).encode() + b"\n")
+            await self.proc.stdin.drain()
+            await asyncio.wait_for(child.answered.wait(), timeout_s)
+        except TimeoutError:
+            return Outcome(None, f"agent still running after env.agent_timeout_s={timeout_s}s: killed")
+        finally:
+            self.children.pop(key)
+            if child.answer is None and child.exit is None and child.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGKILL)  # the zygote reaps it
+        if child.answer is None:
+            return Outcome(None, f"agent process ended without an answer (exit code {child.exit})")
+        status, value = child.answer
+        return Outcome(value, "") if status == "ok" else Outcome(None, value)
+
+
 class AgentRunner:
     """The rollouts of one worker whose trajectories are agent programs."""
 
     def __init__(self, endpoint: Endpoint, env_cfg: EnvConfig, cfg: RolloutConfig, reward_cfg: RewardConfig, funcs):
         self.endpoint, self.env_cfg, self.cfg, self.reward_cfg, self.funcs = endpoint, env_cfg, cfg, reward_cfg, funcs
-        self.ctx = multiprocessing.get_context("forkserver")
-        module = env_cfg.agent.partition(":")[0]
-        preload = ["openai", "agentrl_ray.rollout.endpoint.child"]
-        self.ctx.set_forkserver_preload(preload if env_cfg.agent.startswith("pickled:") else [*preload, module])
+        self.zygote = Zygote(env_cfg.agent)
         self.slots = asyncio.Semaphore(env_cfg.agent_processes)
 
     async def rollout(
@@ -75,30 +136,7 @@ class AgentRunner:
                 self.endpoint.finish(session.key)
 
     async def _process(self, row: dict, key: str) -> Outcome:
-        timeout = self.env_cfg.agent_timeout_s
-        recv, send = self.ctx.Pipe(duplex=False)
-        args = (send, self.env_cfg.agent, row, self.endpoint.base_url, key, timeout)
-        process = self.ctx.Process(target=run_agent, args=args, daemon=True)
-        process.start()
-        send.close()  # the child holds the only writer: its death reads as end of file
-        loop = asyncio.get_running_loop()
-        readable = loop.create_future()
-        loop.add_reader(recv.fileno(), lambda: readable.done() or readable.set_result(None))
-        try:
-            await asyncio.wait_for(readable, timeout)
-            status, value = recv.recv()
-        except TimeoutError:
-            return Outcome(None, f"agent still running after env.agent_timeout_s={timeout}s: killed")
-        except EOFError:
-            process.join(1)
-            return Outcome(None, f"agent process ended without an answer (exit code {process.exitcode})")
-        finally:
-            loop.remove_reader(recv.fileno())
-            recv.close()
-            if process.is_alive():
-                process.kill()
-            await asyncio.to_thread(process.join, 5)
-        return Outcome(value, "") if status == "ok" else Outcome(None, value)
+        return await self.zygote.run(row, self.endpoint.base_url, key, self.env_cfg.agent_timeout_s)
 
     # ---------------------------------------------------------------- trajectories
 
@@ -109,7 +147,7 @@ class AgentRunner:
             prompts.append(prompt)
             completions.append(completion)
             stats.append(self._stats(s, o))
-            if o.error:
+            if o.error and not s.refused:
                 logger.warning("agent of %s: %s", s.key, o.error)
         columns = {k: [r.get(k) for r in rows] for k in rows[0]}
         rewards, parts = score(

@@ -1,35 +1,92 @@
-"""The child side of an agent process: one trajectory's `run(client, row)`, forked from the worker's fork server.
+"""The agent processes' side: a zygote that imported `openai` and the agent's module once, forking one child per
+trajectory (`python -m agentrl_ray.rollout.endpoint.child AGENT`, started by `agents.Zygote`).
 
-It imports the agent (an import path, or a function pickled by value: `envs.loading.import_object`), points an
-`openai.AsyncOpenAI` at the endpoint with the trajectory's key (no retries: a refused call is an answer, not a
-network fault), runs the coroutine and sends back ("ok", reward or None) or ("error", "Type: message"). Whatever the
-program does, raising any `BaseException` included, becomes such an answer or ends the process; the parent treats a
-process that ends without answering, or runs past its deadline (then killed), as the trajectory's error.
+Not multiprocessing's fork server: its children re-run the parent's `__main__` (a Ray worker's script) before the
+target. Protocol, one JSON object a line: requests on the zygote's stdin `{"id", "row", "base_url", "key",
+"timeout_s"}`; on its stdout `{"id", "pid"}` after the fork, `{"id", "answer": ["ok", reward or None] |
+["error", "Type: message"]}` from the child, `{"id", "exit": code}` once the zygote reaped it. The child answers
+with one write of at most 4 KiB (atomic on a pipe, so children never interleave). The user's code prints to stderr:
+fd 1 is pointed there in the zygote, the protocol uses a copy of it.
+
+In the child, the agent (an import path, or a function pickled by value: `envs.loading.import_object`) gets an
+`openai.AsyncOpenAI` pointed at the endpoint with the trajectory's key, without retries (a refused call is an answer,
+not a network fault). Whatever the program does, raising any `BaseException` included, becomes an answer or ends the
+process; the parent treats a process that ends without answering, or runs past its deadline (then killed), as the
+trajectory's error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import numbers
+import os
+import selectors
+import sys
 from typing import Any
 
+MAX_LINE = 4000
 
-def run_agent(conn, agent: str, row: dict[str, Any], base_url: str, api_key: str, timeout_s: float) -> None:
+
+def run_agent(fn, row: dict[str, Any], base_url: str, api_key: str, timeout_s: float) -> list:
+    import openai
+
     from agentrl_ray.envs.isolation.child import describe
 
     try:
-        import openai
-
-        from agentrl_ray.envs.loading import import_object
-
-        fn = import_object(agent, "env.agent")
         client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
         result = asyncio.run(fn(client, row))
         if result is not None and (not isinstance(result, numbers.Real) or math.isnan(float(result))):
             raise TypeError(f"run(client, row) returned {type(result).__name__} {result!r}: a reward (float) or None")
-        answer = ("ok", None if result is None else float(result))
+        return ["ok", None if result is None else float(result)]
     except BaseException as e:  # noqa: BLE001 - any failure of the user's program is the trajectory's error
-        answer = ("error", describe(e))
-    conn.send(answer)
-    conn.close()
+        return ["error", describe(e, limit=1000)]
+
+
+def _write(fd: int, obj: dict) -> None:
+    line = json.dumps(obj)
+    if len(line) > MAX_LINE:
+        line = json.dumps({"id": obj["id"], "answer": ["error", "the agent's answer could not be encoded"]})
+    os.write(fd, line.encode() + b"\n")
+
+
+def main(agent: str) -> None:
+    proto = os.dup(1)
+    os.dup2(2, 1)  # the user's prints go to stderr
+    import openai  # noqa: F401 - imported once here, inherited by every child
+
+    from agentrl_ray.envs.loading import import_object
+
+    fn = import_object(agent, "env.agent")
+    children: dict[int, str] = {}
+    selector = selectors.DefaultSelector()
+    selector.register(sys.stdin, selectors.EVENT_READ)
+    pending = b""
+    while True:
+        ready = selector.select(timeout=0.05)
+        if ready:
+            chunk = os.read(sys.stdin.fileno(), 1 << 16)
+            if not chunk:
+                return  # the worker closed our stdin: it is gone or done
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    selector.close()
+                    args = (request["row"], request["base_url"], request["key"], request["timeout_s"])
+                    _write(proto, {"id": request["id"], "answer": run_agent(fn, *args)})
+                    os._exit(0)
+                children[pid] = request["id"]
+                _write(proto, {"id": request["id"], "pid": pid})
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            _write(proto, {"id": children.pop(pid), "exit": os.waitstatus_to_exitcode(status)})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

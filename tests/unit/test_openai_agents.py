@@ -1,0 +1,54 @@
+"""Containment of agent programs (`env.agent`, `rollout/endpoint/agents.py`) with a real engine and the real
+`openai` client: a hang, a crash or an exception costs its own trajectory; calls past the budget are refused with an
+OpenAI-style error and the trajectory is scored on what it did; a returned number is the reward."""
+
+import asyncio
+
+import pytest
+
+from agentrl_ray.config import EnvConfig, RewardConfig, RolloutConfig
+from agentrl_ray.rewards import load_reward_functions
+from agentrl_ray.rollout.endpoint.agents import AgentRunner
+from agentrl_ray.rollout.endpoint.server import Endpoint
+from agentrl_ray.rollout.torch_engine import TorchEngine
+from agentrl_ray.types import RolloutTimings
+
+CFG = RolloutConfig(backend="torch", max_turns=3, max_tokens_per_turn=48, max_total_tokens=320)
+ROW = {"id": "q0", "prompt": "What is 347 * 29?", "answer": "10063"}
+
+
+@pytest.fixture(scope="module")
+def endpoint(builtin_model_path):
+    from transformers import AutoTokenizer
+
+    engine = TorchEngine(builtin_model_path, dtype="float32", seed=0, max_model_len=512, max_num_seqs=8)
+    return Endpoint(engine, AutoTokenizer.from_pretrained(builtin_model_path), CFG, lambda: 0)
+
+
+async def _rollout(endpoint, agent: str, n: int = 2, timeout: float = 20.0):
+    env = EnvConfig(agent=f"data.agents_zoo:{agent}", agent_timeout_s=timeout)
+    runner = AgentRunner(endpoint, env, CFG, RewardConfig(), load_reward_functions(["answer_match"]))
+    keys = [f"{agent}-{i}" for i in range(n)]
+    return await runner.rollout([ROW] * n, keys, 1.0, 0, 0, RolloutTimings())
+
+
+def test_agent_programs_are_contained(endpoint):
+    """One event loop for all (the endpoint serves on the loop it started on, as in the rollout worker)."""
+    asyncio.run(_contained(endpoint))
+
+
+async def _contained(endpoint):
+    good = await _rollout(endpoint, "calculator", n=6)
+    assert all(t.finish_reason in ("answer", "max_turns") for t in good)
+    assert all(t.num_action_tokens > 0 for t in good)
+    assert any(m["role"] == "tool" for t in good for m in t.completion_messages)  # the transcript shows the loop
+    # A hang (killed at its deadline), a crash and an exception cost their own trajectory only.
+    for agent in ("hangs", "crashes", "raises"):
+        for t in await _rollout(endpoint, agent, timeout=3.0):
+            assert (t.finish_reason, t.reward, t.reward_parts.get("agent/error")) == ("error", 0.0, 1.0), agent
+            assert (t.num_action_tokens > 0) == (agent == "hangs")  # the call it made before hanging is trained
+    # Calls past rollout.max_turns are refused; the trajectory is scored on what it did.
+    for t in await _rollout(endpoint, "greedy"):
+        assert t.finish_reason == "max_turns" and t.num_steps == CFG.max_turns
+    for t in await _rollout(endpoint, "rewarded"):
+        assert t.reward == 0.75 and t.reward_parts == {"agent": 0.75}
