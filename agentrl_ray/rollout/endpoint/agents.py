@@ -120,20 +120,22 @@ class AgentRunner:
         if not self.endpoint.base_url:
             await self.endpoint.start()
         t0 = time.perf_counter()
-        sessions = [self.endpoint.open(k, temperature, seed) for k in keys]
-        outcomes = await asyncio.gather(*(self._run(row, s) for row, s in zip(rows, sessions)))
+        done = await asyncio.gather(*(self._run(row, key, temperature, seed) for row, key in zip(rows, keys)))
+        sessions, outcomes = [d[0] for d in done], [d[1] for d in done]
         timings.generate_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         trajs = self._score(rows, sessions, outcomes, version)
         timings.reward_s += time.perf_counter() - t0
         return trajs
 
-    async def _run(self, row: dict, session: Session) -> Outcome:
+    async def _run(self, row: dict, key: str, temperature: float, seed: int) -> tuple[Session, Outcome]:
         async with self.slots:
+            # Opened only now: a batch waits for the open trajectories' calls, not for programs not yet started.
+            session = self.endpoint.open(key, temperature, seed)
             try:
-                return await self._process(row, session.key)
+                return session, await self._process(row, key)
             finally:
-                self.endpoint.finish(session.key)
+                self.endpoint.finish(key)
 
     async def _process(self, row: dict, key: str) -> Outcome:
         return await self.zygote.run(row, self.endpoint.base_url, key, self.env_cfg.agent_timeout_s)
@@ -142,6 +144,7 @@ class AgentRunner:
 
     def _score(self, rows: list[dict], sessions: list[Session], outcomes: list[Outcome], version: int):
         prompts, completions, stats = [], [], []
+        sequences = [stitch(s.calls) for s in sessions]
         for row, s, o in zip(rows, sessions, outcomes):
             prompt, completion = _transcript(s) if s.calls else (prompt_messages(row["prompt"]), [])
             prompts.append(prompt)
@@ -157,18 +160,18 @@ class AgentRunner:
             columns,
             episode_stats=stats,
             env_rewards=[None] * len(rows),
-            completion_ids=[[] for _ in rows],
+            completion_ids=[q[-1].ids[q[-1].prompt_len :] if q else [] for q in sequences],
             trainer_state=RewardState(global_step=version),
         )
         out = []
-        for row, s, o, prompt, completion, st, r, p in zip(
-            rows, sessions, outcomes, prompts, completions, stats, rewards, parts
+        for row, s, o, seqs, prompt, completion, st, r, p in zip(
+            rows, sessions, outcomes, sequences, prompts, completions, stats, rewards, parts
         ):
             if o.reward is not None:
                 r, p = o.reward, {"agent": o.reward}
             elif st["finish_reason"] == "error":
                 r, p = 0.0, {**p, "agent/error": 1.0}
-            out.append(self._trajectory(row, s, st, float(r), p, prompt, completion, version))
+            out.append(self._trajectory(row, s, seqs, st, float(r), p, prompt, completion, version))
         return out
 
     def _stats(self, s: Session, o: Outcome) -> dict[str, Any]:
@@ -189,8 +192,7 @@ class AgentRunner:
             "num_tokens": sum(len(c.token_ids) for c in sampled),
         }
 
-    def _trajectory(self, row, s: Session, st, reward, parts, prompt, completion, version) -> Trajectory:
-        sequences = stitch(s.calls)
+    def _trajectory(self, row, s: Session, sequences, st, reward, parts, prompt, completion, version) -> Trajectory:
         if not sequences:  # no call made: a prompt-only row, in no loss, so that the group keeps its size
             ids = self.endpoint.renderer.tokenizer.apply_chat_template(
                 prompt, add_generation_prompt=True, tokenize=True, return_dict=False
