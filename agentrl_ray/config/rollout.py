@@ -139,7 +139,7 @@ class EnvConfig:
     environment: each trajectory is one run of it, in a process of its own."""
     agent_timeout_s: float = 120.0
     """Seconds one run of env.agent may take before it is killed and its trajectory counts as an error."""
-    agent_processes: int = 32
+    agent_processes: int = 64
     """env.agent programs running at once per rollout worker."""
 
     def check(self) -> None:
