@@ -3,8 +3,9 @@
 The server runs in the rollout worker's process (on the rollout node, bound to 127.0.0.1: the agent processes are
 the worker's children) on the worker's event loop; generation runs on one engine thread, so requests keep arriving
 while the engine works. Each trajectory has its own API key (`open`): the key attributes a call to its trajectory,
-its budget and its seed. Requests are batched: the engine runs once every open trajectory is waiting on a call, or
-`BATCH_WAIT_S` after the first one arrived, with all calls then waiting (one engine call per temperature/top-p).
+its budget and its seed. Requests are batched: the engine runs once every open trajectory is waiting on a call, or no call
+arrived for `BATCH_WAIT_S` (at most `BATCH_MAX_WAIT_S` after the first), with all calls then waiting (one engine
+call per temperature/top-p).
 
 Supported: `messages` (text content), `tools` with `tool_choice` auto or none (required/named choices are answered
 like auto: the engine has no constrained decoding), `n`, `temperature` (default: the rollout's, so a held-out
@@ -41,7 +42,8 @@ from agentrl_ray.rollout.engine import Engine, Generation
 
 logger = logging.getLogger(__name__)
 
-BATCH_WAIT_S = 0.05  # the longest a call waits for the calls of other trajectories to join its batch
+BATCH_WAIT_S = 0.05  # a batch starts once no call arrived for this long (or every open trajectory is waiting)
+BATCH_MAX_WAIT_S = 0.5  # and at the latest this long after its first call
 MAX_N = 16
 
 
@@ -265,8 +267,9 @@ class Endpoint:
             self._wake.clear()
             if not self.pending:
                 continue
-            deadline = self.pending[0].arrived + BATCH_WAIT_S
             while any(not s.waiting for s in self.sessions.values()):
+                # Calls still arriving (programs starting, tools running): wait for a gap, up to BATCH_MAX_WAIT_S.
+                deadline = min(self.pending[0].arrived + BATCH_MAX_WAIT_S, self.pending[-1].arrived + BATCH_WAIT_S)
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     break
