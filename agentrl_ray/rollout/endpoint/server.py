@@ -3,9 +3,9 @@
 The server runs in the rollout worker's process (on the rollout node, bound to 127.0.0.1: the agent processes are
 the worker's children) on the worker's event loop; generation runs on one engine thread, so requests keep arriving
 while the engine works. Each trajectory has its own API key (`open`): the key attributes a call to its trajectory,
-its budget and its seed. Requests are batched: the engine runs once every open trajectory is waiting on a call, or no call
-arrived for `BATCH_WAIT_S` (at most `BATCH_MAX_WAIT_S` after the first), with all calls then waiting (one engine
-call per temperature/top-p).
+its budget and its seed. Requests are batched: the engine runs once every open trajectory is waiting on a
+call, or no call arrived for `BATCH_WAIT_S` (at most `BATCH_MAX_WAIT_S` after the first), with all calls then
+waiting (one engine call per temperature/top-p).
 
 Supported: `messages` (text content), `tools` with `tool_choice` auto or none (required/named choices are answered
 like auto: the engine has no constrained decoding), `n`, `temperature` (default: the rollout's, so a held-out
