@@ -78,3 +78,35 @@ def test_earlier_parts_train_with_the_trajectorys_advantage():
     assert len(batch) == 3  # the earlier part, then the two trajectories
     assert batch.advantages[0] == batch.advantages[1] > 0 > batch.advantages[2]
     assert torch.equal(batch.input_ids[0, :3], torch.tensor([1, 2, 3]))
+
+
+def test_the_example_agent_sees_the_builtin_loops_ids(renderer):
+    """examples/openai_agent's calls become exactly the ids the built-in loop builds for CalculatorEnv: the same
+    prompt (tools rendered from the same schema) and the same tool-result segments."""
+    from agentrl_ray.chat_format import encode_segments, tool_response_segments
+    from agentrl_ray.envs.builtin.calculator import CalculatorEnv
+    from agentrl_ray.envs.tools import tool_schemas
+    from examples.openai_agent.agent import TOOLS
+
+    tok = renderer.tokenizer
+    user = [{"role": "user", "content": "What is 347 * 29?"}]
+    builtin = tok.apply_chat_template(
+        user, tools=tool_schemas(CalculatorEnv), add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    first = renderer.render(user, TOOLS, [])
+    assert first.prompt_ids == list(builtin)
+    args = {"expression": "347 * 29"}
+    reply = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "calculator", "arguments": args}}],
+    }
+    _sampled(
+        renderer,
+        first,
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "347 * 29"}}\n</tool_call>',
+        reply,
+    )
+    second = renderer.render([*user, reply, {"role": "tool", "tool_call_id": "c", "content": "10063"}], TOOLS, [first])
+    k = len(first.prompt_ids) + len(first.choices[0].token_ids)
+    assert (second.prompt_ids[k:], second.prompt_roles[k:]) == encode_segments(tok, tool_response_segments(["10063"]))
