@@ -25,31 +25,24 @@ def endpoint(builtin_model_path):
     return Endpoint(engine, AutoTokenizer.from_pretrained(builtin_model_path), CFG, lambda: 0)
 
 
-async def _rollout(endpoint, agent: str, n: int = 2, timeout: float = 20.0):
-    env = EnvConfig(agent=f"data.agents_zoo:{agent}", agent_timeout_s=timeout)
-    runner = AgentRunner(endpoint, env, CFG, RewardConfig(), load_reward_functions(["answer_match"]))
-    keys = [f"{agent}-{i}" for i in range(n)]
-    return await runner.rollout([ROW] * n, keys, 1.0, 0, 0, RolloutTimings())
-
-
 def test_agent_programs_are_contained(endpoint):
-    """One event loop for all (the endpoint serves on the loop it started on, as in the rollout worker)."""
-    asyncio.run(_contained(endpoint))
-
-
-async def _contained(endpoint):
-    good = await _rollout(endpoint, "calculator", n=6)
-    assert all(t.finish_reason in ("answer", "max_turns") for t in good)
-    assert all(t.num_action_tokens > 0 for t in good)
+    behaviours = ["calculator"] * 4 + ["hangs", "crashes", "raises", "greedy", "rewarded"]
+    rows = [{**ROW, "id": f"q{i}", "behaviour": b} for i, b in enumerate(behaviours)]
+    # The deadline leaves the hang's one call time to be answered on a loaded 2-core machine.
+    env = EnvConfig(agent="data.agents_zoo:run", agent_timeout_s=8.0)
+    runner = AgentRunner(endpoint, env, CFG, RewardConfig(), load_reward_functions(["answer_match"]))
+    keys = [f"{b}-{i}" for i, b in enumerate(behaviours)]
+    # One event loop (the endpoint serves on the loop it started on, as in the rollout worker), all at once.
+    trajs = asyncio.run(runner.rollout(rows, keys, 1.0, 0, 0, RolloutTimings()))
+    got = dict(zip(keys, trajs))
+    good = [got[k] for k in keys if k.startswith("calculator")]
+    assert all(t.finish_reason in ("answer", "max_turns") and t.num_action_tokens > 0 for t in good)
     assert any(m["role"] == "tool" for t in good for m in t.completion_messages)  # the transcript shows the loop
     # A hang (killed at its deadline), a crash and an exception cost their own trajectory only.
-    for agent in ("hangs", "crashes", "raises"):
-        # The hang's deadline leaves its one call time to be answered on a loaded 2-core machine.
-        for t in await _rollout(endpoint, agent, timeout=6.0 if agent == "hangs" else 20.0):
-            assert (t.finish_reason, t.reward, t.reward_parts.get("agent/error")) == ("error", 0.0, 1.0), agent
-            assert (t.num_action_tokens > 0) == (agent == "hangs")  # the call it made before hanging is trained
+    for key in ("hangs-4", "crashes-5", "raises-6"):
+        t = got[key]
+        assert (t.finish_reason, t.reward, t.reward_parts.get("agent/error")) == ("error", 0.0, 1.0), key
+        assert (t.num_action_tokens > 0) == (key == "hangs-4")  # the call it made before hanging is trained
     # Calls past rollout.max_turns are refused; the trajectory is scored on what it did.
-    for t in await _rollout(endpoint, "greedy"):
-        assert t.finish_reason == "max_turns" and t.num_steps == CFG.max_turns
-    for t in await _rollout(endpoint, "rewarded"):
-        assert t.reward == 0.75 and t.reward_parts == {"agent": 0.75}
+    assert got["greedy-7"].finish_reason == "max_turns" and got["greedy-7"].num_steps == CFG.max_turns
+    assert got["rewarded-8"].reward == 0.75 and got["rewarded-8"].reward_parts == {"agent": 0.75}

@@ -1,32 +1,26 @@
-"""Agent programs for the containment tests of `rollout/endpoint/agents.py`: each misbehaves one way."""
+"""An agent program for the containment tests of `rollout/endpoint/agents.py` that misbehaves as its row says."""
 
 import asyncio
 import os
 
-from examples.openai_agent.agent import run as calculator  # noqa: F401 - the well-behaved one
+from examples.openai_agent.agent import run as calculator
 
 
-async def rewarded(client, row):
-    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
-    return 0.75
-
-
-async def hangs(client, row):
-    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
-    await asyncio.sleep(3600)
-
-
-async def crashes(client, row):
-    os._exit(3)
-
-
-async def raises(client, row):
-    raise RuntimeError("the agent's own bug")
-
-
-async def greedy(client, row):
-    """Calls until it is refused: past rollout.max_turns the endpoint answers with an error, which this raises."""
+async def run(client, row):
+    behaviour = row["behaviour"]
+    if behaviour == "calculator":  # the well-behaved example
+        return await calculator(client, row)
+    if behaviour == "crashes":
+        os._exit(3)
+    if behaviour == "raises":
+        raise RuntimeError("the agent's own bug")
     messages = [{"role": "user", "content": row["prompt"]}]
+    reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+    if behaviour == "rewarded":
+        return 0.75
+    if behaviour == "hangs":
+        await asyncio.sleep(3600)
+    # "greedy": calls until it is refused (past rollout.max_turns the endpoint answers with an error, raised here).
     while True:
-        reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
         messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "again"}]
+        reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
