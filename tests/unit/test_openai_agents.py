@@ -36,7 +36,9 @@ def test_agent_programs_are_contained(endpoint):
     trajs = asyncio.run(runner.rollout(rows, keys, 1.0, 0, 0, RolloutTimings()))
     got = dict(zip(keys, trajs))
     good = [got[k] for k in keys if k.startswith("calculator")]
-    assert all(t.finish_reason in ("answer", "max_turns") and t.num_action_tokens > 0 for t in good)
+    assert all(t.finish_reason in ("answer", "max_turns") and t.num_action_tokens > 0 for t in good), [
+        (t.finish_reason, t.num_action_tokens, t.completion_messages) for t in good
+    ]
     assert any(m["role"] == "tool" for t in good for m in t.completion_messages)  # the transcript shows the loop
     # A hang (killed at its deadline), a crash and an exception cost their own trajectory only.
     for key in ("hangs-4", "crashes-5", "raises-6"):

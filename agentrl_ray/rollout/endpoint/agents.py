@@ -37,6 +37,7 @@ from agentrl_ray.rollout.endpoint.stitch import Sequence, stitch
 from agentrl_ray.types import RolloutTimings, SequencePart, TokenRole, Trajectory, role_masks
 
 logger = logging.getLogger("agentrl_ray")
+ZYGOTE_START_S = 300.0  # importing openai and the agent's module on a loaded machine
 
 
 @dataclass
@@ -60,13 +61,23 @@ class Zygote:
         self.agent = agent
         self.proc: asyncio.subprocess.Process | None = None
         self.children: dict[str, _Child] = {}
+        self._starting = asyncio.Lock()
 
     async def _start(self) -> None:
+        """Start the zygote and wait until it imported the agent: its start is not a trajectory's time."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # what this worker imports
-        self.proc = await asyncio.create_subprocess_exec(
+        proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agentrl_ray.rollout.endpoint.child", self.agent, stdin=PIPE, stdout=PIPE, env=env
         )
-        asyncio.create_task(self._read(self.proc))
+        try:
+            ready = await asyncio.wait_for(proc.stdout.readline(), ZYGOTE_START_S)
+        except TimeoutError:
+            ready = b""
+        if b'"ready"' not in ready:
+            proc.kill()
+            raise RuntimeError(f"the env.agent zygote did not start (see its stderr in the worker's log): {ready!r}")
+        self.proc = proc
+        asyncio.create_task(self._read(proc))
 
     async def _read(self, proc) -> None:
         while line := await proc.stdout.readline():
@@ -84,8 +95,9 @@ class Zygote:
             child.answered.set()
 
     async def run(self, row: dict, base_url: str, key: str, timeout_s: float) -> Outcome:
-        if self.proc is None or self.proc.returncode is not None:
-            await self._start()
+        async with self._starting:  # the first of many concurrent trajectories starts it, the others wait
+            if self.proc is None or self.proc.returncode is not None:
+                await self._start()
         child = self.children[key] = _Child()
         request = {"id": key, "row": row, "base_url": base_url, "key": key, "timeout_s": timeout_s}
         try:

@@ -2,11 +2,11 @@
 trajectory (`python -m agentrl_ray.rollout.endpoint.child AGENT`, started by `agents.Zygote`).
 
 Not multiprocessing's fork server: its children re-run the parent's `__main__` (a Ray worker's script) before the
-target. Protocol, one JSON object a line: requests on the zygote's stdin `{"id", "row", "base_url", "key",
-"timeout_s"}`; on its stdout `{"id", "pid"}` after the fork, `{"id", "answer": ["ok", reward or None] |
-["error", "Type: message"]}` from the child, `{"id", "exit": code}` once the zygote reaped it. The child answers
-with one write of at most 4 KiB (atomic on a pipe, so children never interleave). The user's code prints to stderr:
-fd 1 is pointed there in the zygote, the protocol uses a copy of it.
+target. Protocol, one JSON object a line, on the zygote's stdout: `{"id": "", "ready": true}` once its imports are
+done; then for each request `{"id", "row", "base_url", "key", "timeout_s"}` on its stdin, `{"id", "pid"}` after the
+fork, `{"id", "answer": ["ok", reward or None] | ["error", "Type: message"]}` from the child, `{"id", "exit": code}`
+once the zygote reaped it. The child answers with one write of at most 4 KiB (atomic on a pipe, so children never
+interleave). The user's code prints to stderr: fd 1 is pointed there in the zygote, the protocol uses a copy of it.
 
 In the child, the agent (an import path, or a function pickled by value: `envs.loading.import_object`) gets an
 `openai.AsyncOpenAI` pointed at the endpoint with the trajectory's key, without retries (a refused call is an answer,
@@ -59,6 +59,7 @@ def main(agent: str) -> None:
     from agentrl_ray.envs.loading import import_object
 
     fn = import_object(agent, "env.agent")
+    _write(proto, {"id": "", "ready": True})
     children: dict[int, str] = {}
     selector = selectors.DefaultSelector()
     selector.register(sys.stdin, selectors.EVENT_READ)

@@ -1,11 +1,11 @@
 """`/v1/chat/completions` served by a rollout worker's engine, for agent programs written against OpenAI's API.
 
 The server runs in the rollout worker's process (on the rollout node, bound to 127.0.0.1: the agent processes are
-the worker's children) on the worker's event loop; generation runs on one engine thread, so requests keep arriving
-while the engine works. Each trajectory has its own API key (`open`): the key attributes a call to its trajectory,
-its budget and its seed. Requests are batched: the engine runs once every open trajectory is waiting on a
-call, or no call arrived for `BATCH_WAIT_S` (at most `BATCH_MAX_WAIT_S` after the first), with all calls then
-waiting (one engine call per temperature/top-p).
+the worker's children) on the worker's event loop, which also runs the engine's generation (calls that arrive
+meanwhile wait in the socket's backlog). Each trajectory has its own API key (`open`): the key attributes a call to
+its trajectory, its budget and its seed. Requests are batched: the engine runs once every open trajectory is
+waiting on a call, or no call arrived for `BATCH_WAIT_S` (at most `BATCH_MAX_WAIT_S` after the first), with all
+calls then waiting (one engine call per temperature/top-p).
 
 Supported: `messages` (text content), `tools` with `tool_choice` auto or none (required/named choices are answered
 like auto: the engine has no constrained decoding), `n`, `temperature` (default: the rollout's, so a held-out
@@ -30,7 +30,6 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,16 +78,11 @@ class ApiError(Exception):
 
 class Endpoint:
     def __init__(self, engine: Engine, tokenizer, cfg: RolloutConfig, version: Callable[[], int]) -> None:
-        import torch
-
         self.engine, self.tokenizer, self.cfg, self.version = engine, tokenizer, cfg, version
         self.renderer = Renderer(tokenizer)
         self.sessions: dict[str, Session] = {}
         self.pending: list[_Pending] = []
         self._wake = asyncio.Event()
-        # One thread owns the engine; it keeps the worker's torch thread count (a new thread would not).
-        threads = torch.get_num_threads()
-        self._engine_thread = ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(threads,))
         self.base_url = ""
         self._tasks: list[asyncio.Task] = []
 
@@ -261,7 +255,6 @@ class Endpoint:
     # ---------------------------------------------------------------- batching
 
     async def _batches(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -283,7 +276,10 @@ class Endpoint:
             for temperature, top_p in keys:
                 part = [p for p in batch if (p.temperature, p.top_p) == (temperature, top_p)]
                 try:
-                    gens = await loop.run_in_executor(self._engine_thread, self._generate, part, temperature, top_p)
+                    # On this (the worker's) thread, as the built-in loop calls it: vLLM CPU binds its OpenMP threads
+                    # to the thread that started it and fails a call from another ("thread_num 1 vs. 2"). Calls that
+                    # arrive meanwhile wait in the socket's backlog and join the next batch.
+                    gens = self._generate(part, temperature, top_p)
                 except Exception as e:  # noqa: BLE001 - the engine's failure fails these calls (500), not the server
                     for p in part:
                         if not p.future.done():
