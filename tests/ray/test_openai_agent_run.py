@@ -42,7 +42,7 @@ def test_an_agents_sdk_program_trains_unchanged(builtin_model_path, tmp_path, mo
     steps = [r for r in records if "loss/policy_loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["rollout/sampled_tokens"] > 0 and r["rollout/env_tokens"] > 0 for r in steps)  # ECHO has tool text
-    lines = [json.loads(x) for x in (cfg.run_dir / "rollouts" / "step_1.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in (cfg.run_dir / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
     assert len(lines) == cfg.rollout.prompts_per_step * cfg.rollout.group_size
     conversations = [r["completion"] for r in lines]
     with_tools = [c for c in conversations if any(m["role"] == "tool" for m in c)]
