@@ -29,9 +29,14 @@ QUESTIONS = [f"What is {a} * {b}?" for a, b in [(347, 29), (12, 7), (901, 3), (4
 
 
 def make_engine(backend: str, path: str):
+    import os
+
     from agentrl_ray.config import ModelConfig, RolloutConfig
+    from agentrl_ray.rollout.backends import engine_process_env
     from agentrl_ray.rollout.backends import make_engine as make
     from agentrl_ray.rollout.engine_modes import EngineModes
+
+    os.environ.update(engine_process_env(backend, use_gpu=False))  # what a rollout worker's process gets from Ray
 
     cfg = RolloutConfig(backend=backend, max_total_tokens=320)
     return make(backend, path, ModelConfig(), cfg, seed=0, use_gpu=False, modes=EngineModes(), kv_sequences=32)
