@@ -97,3 +97,46 @@ def _seed(session, index):
     import zlib
 
     return zlib.crc32(f"{session.seed}/{session.key}/{index}/0".encode())
+
+
+def test_n_stream_stop_and_budget(engine_and_tokenizer):
+    """`n` choices are each trained (two sequences of one call), a streamed answer carries the same message, a stop
+    string cuts the completion (and what is trained), and a call past rollout.max_turns is refused."""
+    engine, tokenizer = engine_and_tokenizer
+    user = [{"role": "user", "content": "What is 12 * 7?"}]
+
+    async def main():
+        endpoint = Endpoint(engine, tokenizer, CFG, lambda: 0)
+        client = openai.AsyncOpenAI(base_url=await endpoint.start(), api_key="k2", max_retries=0)
+        endpoint.open("k2", temperature=1.0, seed=2)
+        two = await client.chat.completions.create(model="policy", messages=user, tools=TOOLS, n=2)
+        stream = await client.chat.completions.create(model="policy", messages=user, tools=TOOLS, stream=True)
+        chunks = [c async for c in stream]
+        cut = await client.chat.completions.create(model="policy", messages=user, stop=["answer"])
+        with pytest.raises(openai.BadRequestError, match="rollout.max_turns"):
+            await client.chat.completions.create(model="policy", messages=user)
+        return two, chunks, cut, endpoint.finish("k2")
+
+    two, chunks, cut, session = asyncio.run(main())
+    assert [c.index for c in two.choices] == [0, 1] and len(session.calls[0].choices) == 2
+    assert len(stitch(session.calls[:1])) == 2  # each choice a sequence of its own
+    streamed = session.calls[1].choices[0]
+    assert chunks[-1].usage.completion_tokens == len(streamed.token_ids)
+    delta = chunks[0].choices[0].delta
+    assert (delta.content or "") == (streamed.message.get("content") or "")
+    assert [c.function.name for c in delta.tool_calls or []] == [
+        c["function"]["name"] for c in streamed.message.get("tool_calls", [])
+    ]
+    # The stop string: what was trained is the start of what the engine sampled, cut where the text reaches it.
+    full = engine.generate(
+        [session.calls[2].prompt_ids],
+        [48],
+        temperature=1.0,
+        top_p=1.0,
+        stop_token_ids=[tokenizer.eos_token_id],
+        seeds=[_seed(session, 2)],
+    )[0].token_ids
+    kept = session.calls[2].choices[0].token_ids
+    assert full[: len(kept)] == kept and "answer" not in (cut.choices[0].message.content or "")
+    assert ("answer" in tokenizer.decode(full)) == (len(kept) < len(full))
+    assert session.refused == "turn_budget_exceeded"
