@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first, pinned: the CPU build; an unpinned torch would pull the multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[cpu,dev,qlora]"
+	$(BIN)/python -m pip install --quiet -e ".[cpu,dev,qlora,agent]"
 	# vLLM's dependencies bring CUDA builds of torchvision/torchaudio/torchcodec, which break transformers on
 	# a CPU torch ("operator torchvision::nms does not exist"); nothing here uses them.
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true

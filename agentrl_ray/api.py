@@ -36,6 +36,7 @@ def train(
     model: str | None = None,
     *,
     env: type | str | None = None,
+    agent: Callable | str | None = None,
     tools: list[Callable | str] | None = None,
     system_prompt: str | None = None,
     data: str | list[dict[str, Any]] | None = None,
@@ -51,6 +52,7 @@ def train(
         build_config(
             model,
             env=env,
+            agent=agent,
             tools=tools,
             system_prompt=system_prompt,
             data=data,
@@ -68,6 +70,7 @@ def build_config(
     model: str | None = None,
     *,
     env: type | str | None = None,
+    agent: Callable | str | None = None,
     tools: list[Callable | str] | None = None,
     system_prompt: str | None = None,
     data: str | list[dict[str, Any]] | None = None,
@@ -83,6 +86,8 @@ def build_config(
     Args:
         model: `builtin:tiny`, a local Hugging Face folder or a Hub model id (`model.path`).
         env: an environment class (or its import path); with `tools` and no `env`, the tools are the whole env.
+        agent: an agent program, `async def run(client, row)` against OpenAI's API, or its import path
+            (`env.agent`, docs/openai_agent.md); it replaces `env`.
         tools: plain functions (or import paths) given to the agent as tools; the JSON schema comes from each
             function's signature and docstring.
         system_prompt: a system message before every prompt (`rollout.system_prompt`).
@@ -104,6 +109,8 @@ def build_config(
         given.setdefault("model", {})["path"] = model
     if env is not None:
         given.setdefault("env", {})["name"] = env if isinstance(env, str) else object_spec(env, "environment")
+    if agent is not None:
+        given.setdefault("env", {})["agent"] = agent if isinstance(agent, str) else object_spec(agent, "env.agent")
     if tools is not None:
         given.setdefault("env", {})["tools"] = [t if isinstance(t, str) else object_spec(t, "tool") for t in tools]
         if env is None:

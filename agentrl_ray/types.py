@@ -50,6 +50,25 @@ FINISH_REASONS = ("answer", "done", "max_turns", "length", "error")
 
 
 @dataclass
+class SequencePart:
+    """An earlier training sequence of a trajectory whose agent rewrote its history (`rollout/endpoint/stitch.py`):
+    trained with the trajectory's advantage, as a row of its own. Masks as in `Trajectory`."""
+
+    token_ids: list[int]
+    action_mask: list[int]
+    env_mask: list[int]
+    template_mask: list[int]
+    rollout_logprobs: list[float]
+    prompt_len: int
+
+    def __post_init__(self) -> None:
+        for name in ("action_mask", "env_mask", "template_mask", "rollout_logprobs"):
+            if len(getattr(self, name)) != len(self.token_ids):
+                n, want = len(getattr(self, name)), len(self.token_ids)
+                raise ValueError(f"SequencePart: {name} has length {n}, token_ids has {want}")
+
+
+@dataclass
 class Trajectory:
     prompt_id: str
     sample_index: int
@@ -71,8 +90,11 @@ class Trajectory:
     # the completion, for reward functions and saved traces (`run.save_rollouts`).
     prompt_messages: list[dict] = field(default_factory=list)
     completion_messages: list[dict] = field(default_factory=list)
+    # An agent behind the OpenAI endpoint that rewrote its history: the sequences before this one (the last).
+    earlier_parts: list[SequencePart] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.earlier_parts = [p if isinstance(p, SequencePart) else SequencePart(**p) for p in self.earlier_parts]
         n = len(self.token_ids)
         for name in ("action_mask", "env_mask", "template_mask", "rollout_logprobs"):
             if len(getattr(self, name)) != n:

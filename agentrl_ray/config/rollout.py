@@ -133,6 +133,14 @@ class EnvConfig:
     process for any other environment. Costs and why: docs/reliability.md."""
     resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources every env host asks for (pins env hosts to labelled nodes)."""
+    agent: str = ""
+    """Import path package.module:function of an agent program, `async def run(client, row)` with an
+    openai.AsyncOpenAI client pointed at the rollout engines (docs/openai_agent.md); set, it replaces env.name's
+    environment: each trajectory is one run of it, in a process of its own."""
+    agent_timeout_s: float = 120.0
+    """Seconds one run of env.agent may take before it is killed and its trajectory counts as an error."""
+    agent_processes: int = 64
+    """env.agent programs running at once per rollout worker."""
 
     def check(self) -> None:
         check_resources("env", self.resources)
@@ -142,8 +150,11 @@ class EnvConfig:
             self.isolation in ("auto", "thread", "process", "sandbox"),
             f"env.isolation must be auto, thread, process or sandbox, got {self.isolation!r}",
         )
+        need(self.agent == "" or ":" in self.agent, f"env.agent {self.agent[:60]!r} must be 'package.module:function'")
+        need(self.agent_timeout_s > 0, "env.agent_timeout_s must be > 0")
+        need(self.agent_processes >= 1, "env.agent_processes must be at least 1")
         need(
-            ":" in self.name or (self.name == "" and bool(self.tools)),
+            bool(self.agent) or ":" in self.name or (self.name == "" and bool(self.tools)),
             f"env.name {self.name!r} must be an import path 'package.module:Class' (or \"\" with env.tools)",
         )
         for i, tool in enumerate(self.tools):

@@ -23,17 +23,24 @@ def build_batch(groups: list[TrajectoryGroup], cfg: AlgorithmConfig, pad_id: int
         )
     group_index = torch.tensor([i for i, g in enumerate(groups) for _ in g.trajectories])  # (N,)
     advantages = compute_advantages(rewards, group_index, cfg)
-    t_max = max(len(t.token_ids) for t in trajs)
+    # A trajectory whose agent rewrote its history (the OpenAI endpoint) trains each earlier sequence as a row of its
+    # own with the trajectory's advantage; its reward counted once in the group's statistics above.
+    rows = [(part, i) for i, t in enumerate(trajs) for part in [*t.earlier_parts, t]]
+    if len(rows) > len(trajs):
+        advantages = advantages[torch.tensor([i for _, i in rows])]
+    parts = [part for part, _ in rows]
+    trajs = [trajs[i] for _, i in rows]
+    t_max = max(len(t.token_ids) for t in parts)
 
     def pad(values: list, fill, dtype) -> torch.Tensor:
         return torch.tensor(values + [fill] * (t_max - len(values)), dtype=dtype)
 
     return TrainBatch(
-        input_ids=torch.stack([pad(t.token_ids, pad_id, torch.long) for t in trajs]),
-        attention_mask=torch.stack([pad([1] * len(t.token_ids), 0, torch.long) for t in trajs]),
-        action_mask=torch.stack([pad(t.action_mask, 0, torch.float32) for t in trajs]),
-        env_mask=torch.stack([pad(t.env_mask, 0, torch.float32) for t in trajs]),
-        rollout_logprobs=torch.stack([pad(t.rollout_logprobs, 0.0, torch.float32) for t in trajs]),
+        input_ids=torch.stack([pad(t.token_ids, pad_id, torch.long) for t in parts]),
+        attention_mask=torch.stack([pad([1] * len(t.token_ids), 0, torch.long) for t in parts]),
+        action_mask=torch.stack([pad(t.action_mask, 0, torch.float32) for t in parts]),
+        env_mask=torch.stack([pad(t.env_mask, 0, torch.float32) for t in parts]),
+        rollout_logprobs=torch.stack([pad(t.rollout_logprobs, 0.0, torch.float32) for t in parts]),
         advantages=advantages,
         truncated=torch.tensor([t.finish_reason == "length" for t in trajs]),
         policy_version=torch.tensor([t.policy_version for t in trajs]),

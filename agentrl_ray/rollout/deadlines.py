@@ -29,6 +29,9 @@ class Deadlines:
     """A healthy actor answers a ping within this: an engine's event loop is busy for at most one generate call."""
     actor_start_s: float
     """A restarted actor is back within this (an engine loads its model again)."""
+    agent_s: float = 0.0
+    """`env.agent`: one agent program's deadline (`env.agent_timeout_s`); 0 without an agent."""
+    agent_processes: int = 1
 
     @classmethod
     def of(cls, cfg: Config) -> Deadlines:
@@ -41,10 +44,14 @@ class Deadlines:
             max_num_seqs=r.max_num_seqs,
             probe_s=generate + rc.slack_s,
             actor_start_s=rc.actor_start_s,
+            agent_s=cfg.env.agent_timeout_s if cfg.env.agent else 0.0,
+            agent_processes=cfg.env.agent_processes,
         )
 
     def rollout_s(self, num_sequences: int) -> float:
         """One rollout call of `num_sequences` trajectories on one engine (sequences past `max_num_seqs` wait for
         a later wave)."""
         waves = max(1, math.ceil(num_sequences / self.max_num_seqs))
-        return self.max_turns * waves * self.turn_s + self.fixed_s
+        # Agent programs run `agent_processes` at a time, each killed at its own deadline.
+        agents = math.ceil(num_sequences / self.agent_processes) * self.agent_s
+        return self.max_turns * waves * self.turn_s + agents + self.fixed_s

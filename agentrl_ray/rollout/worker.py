@@ -79,6 +79,13 @@ class RolloutWorker:
             modes=modes,
             kv_sequences=kv_sequences or cfg.max_num_seqs,
         )
+        self.agents = None  # env.agent: trajectories are agent programs against the engine's OpenAI endpoint
+        if env_cfg.agent:
+            from agentrl_ray.rollout.endpoint.agents import AgentRunner
+            from agentrl_ray.rollout.endpoint.server import Endpoint
+
+            endpoint = Endpoint(self.engine, self.tokenizer, cfg, lambda: self.weights.version)
+            self.agents = AgentRunner(endpoint, env_cfg, cfg, reward_cfg, self.reward_funcs)
         adapter = self.engine.set_adapter if self.engine.native_lora else None  # native LoRA, else merged full weights
         self.weights = WeightReceiver(model_path, self.engine.load_weights, collective, load_adapter=adapter)
         # One rollout call at a time. The pool never sends two, but a learner restarted by Ray Train may send its
@@ -121,6 +128,8 @@ class RolloutWorker:
         if weights is not None:
             await self.weights.receive(weights)
             timings.load_weights_s = time.perf_counter() - t_start
+        if self.agents is not None:
+            return await self._agent_rollout(rows, group_size, temperature, seed, timings, t_start)
         episodes = await self._start_episodes(rows, group_size, seed, redo)
         try:
             await run_episodes(
@@ -155,6 +164,18 @@ class RolloutWorker:
         finally:
             await self.envs.close([e.key for e in episodes])
         trajs = [self._to_trajectory(e, r, p) for e, r, p in zip(episodes, rewards, parts)]
+        groups = [
+            TrajectoryGroup(str(row["id"]), trajs[i * group_size : (i + 1) * group_size]) for i, row in enumerate(rows)
+        ]
+        timings.worker_s = time.perf_counter() - t_start
+        return groups, timings
+
+    async def _agent_rollout(self, rows, group_size, temperature, seed, timings, t_start):
+        keys = [f"w{self.index}-s{seed}-{i}-{row['id']}-{j}" for i, row in enumerate(rows) for j in range(group_size)]
+        expanded = [row for row in rows for _ in range(group_size)]
+        trajs = await self.agents.rollout(expanded, keys, temperature, seed, self.weights.version, timings)
+        for i, t in enumerate(trajs):
+            t.sample_index = i % group_size
         groups = [
             TrajectoryGroup(str(row["id"]), trajs[i * group_size : (i + 1) * group_size]) for i, row in enumerate(rows)
         ]

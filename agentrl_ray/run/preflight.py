@@ -48,6 +48,10 @@ def resolve_user_code(cfg: Config) -> None:
     check_env_kwargs(cls, cfg.env.kwargs, cfg.env.name)
     for i, name in enumerate(cfg.reward.functions):
         _resolve(f"reward.functions[{i}]", load_reward_functions, [name])
+    if cfg.env.agent:
+        agent = _resolve("env.agent", import_object, cfg.env.agent, "env.agent")
+        if not inspect.iscoroutinefunction(agent):
+            raise ConfigError(f"env.agent {cfg.env.agent[:60]!r} must be an async function run(client, row)")
 
 
 def _resolve(key: str, load: Callable, *args: Any) -> Any:

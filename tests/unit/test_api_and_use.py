@@ -114,6 +114,17 @@ def test_api_rows_system_prompt_sections_and_errors(tmp_path):
         load_config(None, ["env.name="])
 
 
+def test_api_takes_an_agent_program_by_path_or_by_value():
+    from examples.openai_agent.agent import run as importable
+
+    async def local(client, row):  # a closure: no import path, shipped by value
+        return 1.0
+
+    assert build_config(agent=importable).env.agent == "examples.openai_agent.agent:run"
+    spec = build_config(agent=local).env.agent
+    assert spec.startswith("pickled:") and import_object(spec, "env.agent").__name__ == "local"
+
+
 def test_system_prompt_leads_unless_the_row_has_one():
     assert prompt_messages("hi", "S") == [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
     own = [{"role": "system", "content": "mine"}, {"role": "user", "content": "hi"}]
