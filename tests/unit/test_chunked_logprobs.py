@@ -175,11 +175,10 @@ def test_fused_chunks_equal_the_eager_ones():
     log-probs, entropy and gradients, at a temperature, with a short last chunk (dynamic shapes) and `needed`."""
     case = _case(torch.float32, bsz=2, seqlen=13, width=16, vocab=60)
     needed = torch.rand(2, 13, generator=torch.Generator().manual_seed(1)) > 0.3
-    run = lambda fused: (
-        lambda h, w, ids: hidden_token_logprobs(  # noqa: E731
-            h, w, ids, temperature=0.8, chunk=5, needed=needed, fused=fused
-        )
-    )
+
+    def run(fused):
+        return lambda h, w, ids: hidden_token_logprobs(h, w, ids, temperature=0.8, chunk=5, needed=needed, fused=fused)
+
     ref = _grads(run(False), *case)
     got = _grads(run(True), *case)
     # float32 sums in another order; the entropy (lse - sum p*z, |z| ~ 10 here) loses the most to cancellation
