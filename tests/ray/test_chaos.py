@@ -311,6 +311,7 @@ def test_a_killed_driver_process_resumes_bit_identical(reference, tmp_path):
     assert f"checkpoint_{STEPS:06d}" not in done_before, "the run ended before the kill: nothing to resume"
     done = subprocess.run([*cli, "run.resume=true"], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    print("\n".join(line for line in done.stderr.splitlines() if "agentrl_ray.run.resume" in line))  # what resume did
+    logged = (run_dir / "log.txt").read_text()  # the console's log file (infra/console.py)
+    print("\n".join(line for line in logged.splitlines() if "agentrl_ray.run.resume" in line))  # what resume did
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     _check_same_run(reference, _final_weights(run_dir), records, "driver SIGKILL, then run.resume=true")

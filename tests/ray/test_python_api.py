@@ -28,18 +28,49 @@ def _run(cmd: list[str], tmp_path: Path, returncode: int = 0) -> subprocess.Comp
     return done
 
 
+NOISE_OWNERS = "Ray, vLLM, DeepSpeed and transformers"
 CLI = [sys.executable, "-m", "agentrl_ray.cli", "train", str(ROOT / "examples/calculator/config.yaml")]
+# Lines of others that once buried the step lines on the console: Ray's driver and core worker, Ray Train's
+# controller, vLLM CPU, DeepSpeed, transformers' loading bars.
+NOISE = (
+    "Started a local Ray instance",
+    "constructor arguments in the object store",
+    "TrainController",
+    "RayTrainWorker",
+    "RolloutWorker",
+    "libtcmalloc",
+    "set_num_threads",
+    "Triton",
+    "NUMA",
+    "Setting accelerator",
+    "Loading weights",
+    "WARNING",
+)
 
 
 def test_readme_example_matches_the_cli(tmp_path):
     api_out = _run([sys.executable, str(ROOT / "examples/python_api/train.py"), *SMALL, "run.output_dir=api"], tmp_path)
     api_out = api_out.stdout
     cli_run = _run([*CLI, *SMALL, "run.output_dir=cli", "run.name=python_api"], tmp_path)
+    # The console is the user's (infra/console.py): the first line names the log file, then one line per step and
+    # evaluation; what Ray, vLLM, DeepSpeed and Ray Train print is in the file.
+    console = cli_run.stdout + cli_run.stderr
+    log = tmp_path / "cli" / "python_api" / "log.txt"
+    assert cli_run.stdout.splitlines()[0].endswith(f"goes to {log} (--verbose shows it here)"), console
+    for step in range(1, 5):
+        assert f"step {step:>4}/4 | reward " in console, console
+    assert "step    0/4 | eval success" in console and "| eval success" in cli_run.stdout.splitlines()[-2]
+    assert cli_run.stdout.splitlines()[-1].startswith("done: ")
+    for noise in NOISE:
+        assert noise not in console, (noise, console)
+    ours = [line for line in console.splitlines() if not line.startswith(("step ", "done: ", "agentrl-ray: "))]
+    assert ours == [], console
     # A local run starts Ray without its dashboard (agentrl_ray/local_ray.py), and Ray Train's helpers that poll the
     # dashboard's state API (every second, for the whole run) stay quiet about its absence.
-    console = cli_run.stdout + cli_run.stderr
-    assert "Started a local Ray instance" in console and "dashboard" not in console
-    assert "Failed to query Ray Train Controller" not in console and "State API" not in console
+    logged = log.read_text()
+    assert "Started a local Ray instance" in logged and "dashboard" not in logged
+    assert "Failed to query Ray Train Controller" not in logged and "State API" not in logged
+    assert "set_num_threads" in logged and "constructor arguments" in logged  # vLLM's and Ray's, kept
 
     api, cli_evals = _evals(tmp_path / "api" / "python_api"), _evals(tmp_path / "cli" / "python_api")
     print(f"\nheld-out (step, success, reward): API {api} | CLI {cli_evals}")
@@ -80,6 +111,22 @@ def test_bad_input_found_while_ray_starts_ends_the_run_cleanly(tmp_path):
     assert "rollout.max_total_tokens=50 leaves no room to generate" in done.stdout
     assert "ray initialized: False | children: []" in done.stdout, done.stdout
     assert not list(tmp_path.rglob("metrics.jsonl"))
+
+
+def test_the_console_names_its_log_file_and_verbose_shows_everything(tmp_path):
+    """A run refused by the preflight once Ray is up: quiet, the screen holds the log file's line and the one-line
+    error, Ray's lines are in the file; with --verbose they are on screen and nothing is written to a file."""
+    bad = ["rollout.max_total_tokens=50", "rollout.max_tokens_per_turn=8", "run.output_dir=out", "run.name=bad"]
+    quiet = _run([*CLI, *bad], tmp_path, returncode=2)
+    log = tmp_path / "out" / "bad" / "log.txt"
+    assert quiet.stdout.splitlines() == [
+        f"agentrl-ray: the output of {NOISE_OWNERS} goes to {log} (--verbose shows it here)"
+    ]
+    assert quiet.stderr.splitlines()[-1].startswith("agentrl-ray: data.train 'builtin:arithmetic' row 0"), quiet.stderr
+    assert "Started a local Ray instance" not in quiet.stderr and "Started a local Ray instance" in log.read_text()
+    verbose = _run([*CLI, *bad, "run.name=bad2", "--verbose"], tmp_path, returncode=2)
+    assert "Started a local Ray instance" in verbose.stderr
+    assert "log.txt" not in verbose.stdout and not (tmp_path / "out" / "bad2" / "log.txt").exists()
 
 
 LOCAL_RAY = """
