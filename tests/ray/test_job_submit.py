@@ -131,7 +131,7 @@ def test_ray_job_submit_runs_training(head_node, tmp_path):
     assert "succeeded" in (done.stdout + done.stderr)
     # The job's log is not a terminal: plain step lines with an ETA, no progress bar, no workers' output.
     assert "step    1/1 | reward " in done.stdout and "| eta " in done.stdout, done.stdout[-4000:]
-    assert "RolloutWorker" not in done.stdout and "\r" not in done.stdout
+    assert "RolloutWorker" not in done.stdout and "it/s]" not in done.stdout
     run_dir = home / "runs" / "job"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert 0.0 <= summary["eval/success"] <= 1.0
