@@ -191,4 +191,6 @@ def test_chat_in_a_terminal(runs):
     first = screen.lstrip().splitlines()[0]
     assert first.startswith("agentrl-ray: the output of Ray, vLLM and torch goes to ") and "chat_log.txt" in first
     lines = [line for line in screen.splitlines() if line.strip()]
-    assert all(line.startswith(("agentrl-ray: ", "chatting with", "you> ", "agent> ", "  [", "  (")) for line in lines), screen
+    assert all(
+        line.startswith(("agentrl-ray: ", "chatting with", "you> ", "agent> ", "  [", "  (")) for line in lines
+    ), screen
