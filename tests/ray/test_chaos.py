@@ -316,9 +316,10 @@ def test_a_killed_driver_process_resumes_bit_identical(reference, tmp_path):
     done_before = sorted(p.name for p in run_dir.glob("checkpoint_*"))
     print(f"driver SIGKILL: checkpoints on disk when it died: {done_before}")
     assert f"checkpoint_{STEPS:06d}" not in done_before, "the run ended before the kill: nothing to resume"
-    done = subprocess.run([*cli, "run.resume=true"], env=env, capture_output=True, text=True, timeout=900)
+    # --verbose: everything on the console (infra/console.py), Ray's and the resume's own lines included.
+    done = subprocess.run([*cli, "run.resume=true", "--verbose"], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    logged = (run_dir / "log.txt").read_text()  # the console's log file (infra/console.py)
-    print("\n".join(line for line in logged.splitlines() if "agentrl_ray.run.resume" in line))  # what resume did
+    assert "Started a local Ray instance" in done.stderr and "log.txt" not in done.stdout
+    print("\n".join(line for line in done.stderr.splitlines() if "agentrl_ray.run.resume" in line))  # what resume did
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     _check_same_run(reference, _final_weights(run_dir), records, "driver SIGKILL, then run.resume=true")

@@ -28,7 +28,6 @@ def _run(cmd: list[str], tmp_path: Path, returncode: int = 0) -> subprocess.Comp
     return done
 
 
-NOISE_OWNERS = "Ray, vLLM, DeepSpeed and transformers"
 CLI = [sys.executable, "-m", "agentrl_ray.cli", "train", str(ROOT / "examples/calculator/config.yaml")]
 # Lines of others that once buried the step lines on the console: Ray's driver and core worker, Ray Train's
 # controller, vLLM CPU, DeepSpeed, transformers' loading bars.
@@ -111,22 +110,6 @@ def test_bad_input_found_while_ray_starts_ends_the_run_cleanly(tmp_path):
     assert "rollout.max_total_tokens=50 leaves no room to generate" in done.stdout
     assert "ray initialized: False | children: []" in done.stdout, done.stdout
     assert not list(tmp_path.rglob("metrics.jsonl"))
-
-
-def test_the_console_names_its_log_file_and_verbose_shows_everything(tmp_path):
-    """A run refused by the preflight once Ray is up: quiet, the screen holds the log file's line and the one-line
-    error, Ray's lines are in the file; with --verbose they are on screen and nothing is written to a file."""
-    bad = ["rollout.max_total_tokens=50", "rollout.max_tokens_per_turn=8", "run.output_dir=out", "run.name=bad"]
-    quiet = _run([*CLI, *bad], tmp_path, returncode=2)
-    log = tmp_path / "out" / "bad" / "log.txt"
-    assert quiet.stdout.splitlines() == [
-        f"agentrl-ray: the output of {NOISE_OWNERS} goes to {log} (--verbose shows it here)"
-    ]
-    assert quiet.stderr.splitlines()[-1].startswith("agentrl-ray: data.train 'builtin:arithmetic' row 0"), quiet.stderr
-    assert "Started a local Ray instance" not in quiet.stderr and "Started a local Ray instance" in log.read_text()
-    verbose = _run([*CLI, *bad, "run.name=bad2", "--verbose"], tmp_path, returncode=2)
-    assert "Started a local Ray instance" in verbose.stderr
-    assert "log.txt" not in verbose.stdout and not (tmp_path / "out" / "bad2" / "log.txt").exists()
 
 
 LOCAL_RAY = """
