@@ -30,8 +30,9 @@ run: install
 test: install
 	$(BIN)/python -m pytest tests -v --timeout 1200
 
+# The unit tier without its few tests over ~5 s (marked slow): under a minute and a half on 2 cores (docs/testing.md).
 test-fast: install
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit -q -m "not slow"
 
 lint: install
 	$(BIN)/ruff check agentrl_ray tests examples benchmarks

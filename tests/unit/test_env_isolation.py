@@ -153,6 +153,7 @@ def _run_all(level: str, scenarios: list[tuple[str, str]], timeout: float = 1.5)
     return asyncio.run(main())
 
 
+@pytest.mark.slow  # over 5 s: left out of `make test-fast`
 @pytest.mark.parametrize("level", ["thread", *PROCESS_LEVELS])
 def test_whatever_an_environment_does_costs_only_its_trajectory(level):
     scenarios = [
