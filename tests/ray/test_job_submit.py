@@ -89,9 +89,11 @@ def _stop_cluster(temp_dir: str) -> None:
             proc.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(list(procs.values()), timeout=30)
+    # Some of them outlive SIGTERM for good (this wait took its whole 30 s before): a few seconds, then SIGKILL.
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=5)
     for proc in alive:
         proc.kill()
+    psutil.wait_procs(alive, timeout=10)
 
 
 def test_ray_job_submit_runs_training(head_node, tmp_path):
