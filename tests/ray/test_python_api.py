@@ -67,7 +67,7 @@ def test_readme_example_matches_the_cli(tmp_path):
     # A local run starts Ray without its dashboard (agentrl_ray/local_ray.py), and Ray Train's helpers that poll the
     # dashboard's state API (every second, for the whole run) stay quiet about its absence.
     logged = log.read_text()
-    assert "Started a local Ray instance" in logged and "dashboard" not in logged
+    assert "Started a local Ray instance" in logged and "View the dashboard" not in logged
     assert "Failed to query Ray Train Controller" not in logged and "State API" not in logged
     assert "set_num_threads" in logged and "constructor arguments" in logged  # vLLM's and Ray's, kept
 
