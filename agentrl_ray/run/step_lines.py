@@ -51,7 +51,7 @@ class StepLines:
 
     def __init__(self, path: Path, total_steps: int) -> None:
         self.path, self.total = path, total_steps
-        self.offset, self.seen = 0, set()
+        self.offset, self.inode, self.seen = 0, None, set()
         earlier = self._new_records()
         self.progress = Progress(total_steps, "training", initial=max((r["step"] for r in earlier), default=0))
         self.stopping = threading.Event()
@@ -60,11 +60,11 @@ class StepLines:
 
     def _new_records(self) -> list[dict[str, Any]]:
         try:
-            size = self.path.stat().st_size
+            stat = self.path.stat()
         except FileNotFoundError:
             return []
-        if size < self.offset:  # rewritten (a resumed learner drops the steps it will redo)
-            self.offset = 0
+        if stat.st_ino != self.inode or stat.st_size < self.offset:  # new, or replaced: a resumed learner
+            self.offset, self.inode = 0, stat.st_ino  # rewrites it without the steps it will redo
         with self.path.open("rb") as f:
             f.seek(self.offset)
             data = f.read()
@@ -72,8 +72,11 @@ class StepLines:
         self.offset += len(complete)
         new = []
         for raw in complete.splitlines():
-            if raw.strip():
+            try:
                 record = json.loads(raw)
+            except ValueError:  # a torn line a crash left (run/resume.py repairs the file)
+                continue
+            if isinstance(record, dict) and "step" in record:
                 key = (record.get("step"), record.get("time"))
                 if key not in self.seen:
                     self.seen.add(key)

@@ -149,3 +149,21 @@ def test_the_evaluation_before_training_has_its_own_line():
     m = {"eval/success": 0.25, "eval/pass@1_ci95_lo": 0.1, "eval/pass@1_ci95_hi": 0.4}
     assert step_line(0, m, 50) == "step    0/50 | eval success 0.250 (pass@1 95% CI 0.100-0.400) (before training)"
     assert step_line(7, {**STEP, "health/level": 1, "health/reasons": "why"}, 50).endswith("| health WARN: why")
+
+
+def test_step_lines_survive_a_rewrite_that_grows_past_the_offset_and_a_torn_line(tmp_path, monkeypatch):
+    stream = io.StringIO()
+    monkeypatch.setattr(console, "out", lambda: stream)
+    path = tmp_path / "metrics.jsonl"
+    lines = StepLines(path, total_steps=4)
+    _append(path, {"step": 1, "time": 1.0, **STEP}, {"step": 2, "time": 2.0, **STEP})
+    lines.show_new()
+    replaced = tmp_path / "new.jsonl"  # truncate_after's atomic replace, then more steps before the next look
+    _append(replaced, {"step": 1, "time": 1.0, **STEP}, {"step": 2, "time": 5.0, **STEP})
+    with replaced.open("a") as f:
+        f.write('{"step": 3, "rew\n')  # torn by a crash
+    _append(replaced, {"step": 3, "time": 6.0, **STEP}, {"step": 4, "time": 7.0, **STEP})
+    replaced.replace(path)
+    lines.close()
+    shown = [line.split(" | ")[0] for line in stream.getvalue().splitlines()]
+    assert shown == ["step    1/4", "step    2/4", "step    2/4", "step    3/4", "step    4/4"], shown
