@@ -158,7 +158,9 @@ def test_a_frozen_rollout_worker_is_killed_at_its_deadline(reference, tmp_path):
         stopped.append(pid)
 
     try:
-        weights, records, before, after, wall = _run(tmp_path, "frozen", chaos)
+        # A tighter decode-step bound finds the frozen engine sooner (the rollout call's deadline ~25 s, was ~36 s):
+        # healthy steps of this tiny model take milliseconds, and the 10 s slack stays.
+        weights, records, before, after, wall = _run(tmp_path, "frozen", chaos, ["recovery.decode_step_s=0.02"])
     finally:
         _thaw(stopped)
     assert stopped and after[0] != before[0]  # the frozen engine was killed at its deadline and restarted
