@@ -76,7 +76,7 @@ class StepLines:
                 record = json.loads(raw)
             except ValueError:  # a torn line a crash left (run/resume.py repairs the file)
                 continue
-            if isinstance(record, dict) and "step" in record:
+            if isinstance(record, dict) and "step" in record and ("reward/mean" in record or "eval/success" in record):
                 key = (record.get("step"), record.get("time"))
                 if key not in self.seen:
                     self.seen.add(key)
