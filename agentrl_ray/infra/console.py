@@ -46,6 +46,7 @@ def say(line: str) -> None:
 def quiet(path: Path, what: str = "Ray, vLLM, DeepSpeed and transformers") -> Iterator[Path]:
     """Other programs' output to `path` until the block ends; the first line on screen names the file."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    ray_was_up = _ray_up()
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -63,8 +64,8 @@ def quiet(path: Path, what: str = "Ray, vLLM, DeepSpeed and transformers") -> It
     try:
         yield path
     finally:
-        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-            sys.modules["ray"].shutdown()  # a Ray started here goes now, its parting lines into the file too
+        if _ray_up() and not ray_was_up:
+            sys.modules["ray"].shutdown()  # a Ray started inside goes now, its parting lines into the file too
         logging.getLogger("agentrl_ray").removeHandler(ours)
         with contextlib.suppress(Exception):
             sys.stdout.flush()
@@ -75,6 +76,10 @@ def quiet(path: Path, what: str = "Ray, vLLM, DeepSpeed and transformers") -> It
             os.close(f)
         _console.update(out=None, log=None)
         terminal.close()
+
+
+def _ray_up() -> bool:
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
 
 
 def eta_text(seconds: float) -> str:
