@@ -63,9 +63,9 @@ def quiet(path: Path, what: str = "Ray, vLLM, DeepSpeed and transformers") -> It
     logging.getLogger("agentrl_ray").addHandler(ours)
     try:
         yield path
-    finally:
         if _ray_up() and not ray_was_up:
             sys.modules["ray"].shutdown()  # a Ray started inside goes now, its parting lines into the file too
+    finally:
         logging.getLogger("agentrl_ray").removeHandler(ours)
         with contextlib.suppress(Exception):
             sys.stdout.flush()
