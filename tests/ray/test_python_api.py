@@ -69,7 +69,7 @@ def test_readme_example_matches_the_cli(tmp_path):
     logged = log.read_text()
     assert "Started a local Ray instance" in logged and "View the dashboard" not in logged
     assert "Failed to query Ray Train Controller" not in logged and "State API" not in logged
-    assert "set_num_threads" in logged and "constructor arguments" in logged  # vLLM's and Ray's, kept
+    assert "libtcmalloc is not found" in logged  # a vLLM CPU engine's warning, from its Ray worker: kept
 
     api, cli_evals = _evals(tmp_path / "api" / "python_api"), _evals(tmp_path / "cli" / "python_api")
     print(f"\nheld-out (step, success, reward): API {api} | CLI {cli_evals}")
