@@ -9,7 +9,8 @@ terminal's stdout taken before. Ray's workers do not forward their output to the
 (`ray.init(log_to_driver=False)`, local_ray.py), and in a Ray this process starts every worker points its own
 descriptors at the same file as it starts (Ray's worker setup hook in local_ray.py).
 
-On leaving `quiet` the descriptors are put back before an exception goes on, so a crash's traceback is on screen.
+On leaving `quiet` the descriptors are put back before an exception goes on, so a crash's traceback is on screen;
+a folder `quiet` created that holds nothing but the log is removed then (a run refused before it started).
 Outside `quiet` (the Python API, the tests, --verbose) `out()` is `sys.stdout`, nothing is redirected and Ray
 forwards its workers' output as usual.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -45,6 +47,7 @@ def say(line: str) -> None:
 @contextlib.contextmanager
 def quiet(path: Path, what: str = "Ray, vLLM, DeepSpeed and transformers") -> Iterator[Path]:
     """Other programs' output to `path` until the block ends; the first line on screen names the file."""
+    created = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
     ray_was_up = _ray_up()
     sys.stdout.flush()
@@ -61,10 +64,12 @@ def quiet(path: Path, what: str = "Ray, vLLM, DeepSpeed and transformers") -> It
     ours.setLevel(logging.WARNING)
     ours.setFormatter(logging.Formatter("agentrl-ray: %(message)s"))
     logging.getLogger("agentrl_ray").addHandler(ours)
+    failed = True
     try:
         yield path
         if _ray_up() and not ray_was_up:
             sys.modules["ray"].shutdown()  # a Ray started inside goes now, its parting lines into the file too
+        failed = False
     finally:
         logging.getLogger("agentrl_ray").removeHandler(ours)
         with contextlib.suppress(Exception):
@@ -76,6 +81,8 @@ def quiet(path: Path, what: str = "Ray, vLLM, DeepSpeed and transformers") -> It
             os.close(f)
         _console.update(out=None, log=None)
         terminal.close()
+        if failed and created and list(path.parent.iterdir()) == [path]:  # a run that never started (a user's
+            shutil.rmtree(path.parent)  # mistake, refused before anything else was written) leaves nothing
 
 
 def _ray_up() -> bool:

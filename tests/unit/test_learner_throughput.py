@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow  # over 5 s: left out of `make test-fast`
+@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
 def test_learner_throughput_benchmark_runs_on_a_cpu(tmp_path):
     out = tmp_path / "lt.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "learner_throughput.py"), "--device=cpu", "--shape=tiny"]
