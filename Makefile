@@ -36,8 +36,9 @@ test: install
 test-rebuild: install
 	$(BIN)/python -m pytest tests -v --timeout 1800 -m rebuild
 
+# The unit tier without its few tests over ~5 s (marked slow): under a minute and a half on 2 cores (docs/testing.md).
 test-fast: install
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit -q -m "not slow"
 
 lint: install
 	$(BIN)/ruff check agentrl_ray tests examples benchmarks

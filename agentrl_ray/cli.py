@@ -21,6 +21,7 @@ Heavy imports (torch, Ray, vLLM) happen only after the arguments and the config 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
@@ -29,6 +30,7 @@ import sys
 
 from agentrl_ray.config import BUILTIN_MODELS, ConfigError, parse_overrides
 from agentrl_ray.config import help as config_help
+from agentrl_ray.infra import console
 from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.traces import cli as traces_cli
 from agentrl_ray.traces import sft
@@ -40,6 +42,7 @@ USE_COMMANDS = {
     "export": ("agentrl_ray.trained.export", "export a checkpoint: merged HF model, LoRA adapter, or GGUF + Modelfile"),
     "view": ("agentrl_ray.view.server", "a local web page of runs: curves, health, rollouts, evals, comparisons"),
 }
+VERBOSE_HELP = "show the output of Ray, vLLM, DeepSpeed and transformers here, not in the run's log.txt"
 # Commands whose output is a printout a user may pipe into `head`.
 PRINTING_COMMANDS = frozenset({"config", "plan", "doctor"})
 
@@ -51,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help_text, add_help=name != "config")
         if name == "config":  # its --help lists every config key (config/help.py)
             s.add_argument("-h", "--help", action="store_true", help="list every config key and exit")
+        else:
+            s.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
         s.add_argument(
             "args",
             nargs="*",
@@ -161,8 +166,10 @@ def _run(args: argparse.Namespace) -> int:
                 f"agentrl-ray: {earlier} holds an earlier run (continue it with run.name={earlier.name} "
                 f"run.resume=true); this run is {cfg.run.name}: {cfg.run_dir}"
             )
+    verbose = args.verbose or cfg.run.log_level == "debug"
     try:
-        metrics = train(cfg)
+        with contextlib.nullcontext() if verbose else console.quiet(cfg.run_dir / "log.txt"):
+            metrics = train(cfg)
     except ConfigError as exc:
         print(f"agentrl-ray: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from typing import Any
 from agentrl_ray.builtin.resolve import resolve_model
 from agentrl_ray.config import Config, ConfigError, RunConfig
 from agentrl_ray.data import load_rows
+from agentrl_ray.infra import console
 from agentrl_ray.infra.allocator import allocator_env
 from agentrl_ray.infra.local_ray import init_ray
 from agentrl_ray.infra.threads import ThreadPolicy
@@ -168,7 +169,7 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
         # input still fails in the preflight before any actor starts; a Ray started here is shut down then.
         tokenizer = ex.submit(preflight.load_tokenizer, model_path)
         # The actors' environment depends only on overlap and the learner's device, known before the plan.
-        init_ray(cfg, ThreadPolicy.of(cfg))
+        init_ray(cfg, ThreadPolicy.of(cfg), log_file=str(console.log_file() or "") or None)
         try:
             preflight.check(cfg, model_path, train_rows, eval_rows, tokenizer.result())
         except BaseException:
@@ -185,6 +186,7 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
     from agentrl_ray.learner.loop import train_loop_per_worker
     from agentrl_ray.rollout.pool import RolloutPool
     from agentrl_ray.run.outputs import plot_curves, start_driver_log
+    from agentrl_ray.run.step_lines import StepLines
 
     plan, placed, storage = place(cfg, model_path)
     threads = ThreadPolicy.of(cfg)  # the CPU/overlap policy of every actor, with the plan's counts
@@ -198,6 +200,7 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
         placed.release()
         raise
     metrics_log = start_driver_log(cfg.run_dir, cfg.run, cfg.to_dict(), cfg.run.steps)
+    lines = StepLines(cfg.run_dir / "metrics.jsonl", cfg.run.steps)  # the console's step lines and progress bar
     try:
         lc = cfg.learner
         trainer = TorchTrainer(
@@ -222,6 +225,7 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
         finally:
             stopped = _stop_message(metrics_log)  # a deliberate stop (types.RunStopped) says why in its own words
     finally:
+        lines.close()
         if own_pool:
             pool.shutdown()
         placed.release()

@@ -51,6 +51,7 @@ from agentrl_ray.builtin.recipe import CHAT_TEMPLATE, NAME, RECIPE_VERSION, RECI
 from agentrl_ray.chat_format import END_OF_TURN, ToolCall, encode_segments, render_tool_call, tool_response_segments
 from agentrl_ray.envs.builtin.calculator import CalculatorEnv
 from agentrl_ray.envs.tools import tool_schemas
+from agentrl_ray.infra.console import Progress
 from agentrl_ray.tasks import arithmetic, grid
 
 log = logging.getLogger(__name__)
@@ -338,7 +339,8 @@ def supervised_warmup(model, examples: list[tuple[list[int], list[int]]], recipe
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     model.train()
     running = None
-    for step in range(recipe.sft_steps):
+    bar = Progress(recipe.sft_steps, "building the built-in model: SFT step", every=100)  # a bar with ETA
+    for _ in range(recipe.sft_steps):
         batch = [examples[i] for i in torch.randint(len(examples), (recipe.sft_batch,), generator=gen).tolist()]
         width = max(len(ids) for ids, _ in batch) - shared
         input_ids = torch.full((len(batch), width), pad_id)  # (B, T), after the prefix, right-padded
@@ -363,8 +365,9 @@ def supervised_warmup(model, examples: list[tuple[list[int], list[int]]], recipe
         sched.step()
         opt.zero_grad(set_to_none=True)
         running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
-        if step % 100 == 0 or step == recipe.sft_steps - 1:
-            log.info("built-in model: SFT step %d/%d loss %.4f", step + 1, recipe.sft_steps, running)
+        bar.update(1, note=f"loss {running:.4f}")
+    bar.close()
+    log.info("built-in model: %d SFT steps, loss %.4f", recipe.sft_steps, running)
     model.eval()
 
 

@@ -109,6 +109,10 @@ class RunConfig:
     """Weights & Biases project."""
     plot: bool = True
     """Write reward_curve.png at the end."""
+    log_level: Literal["info", "debug"] = "info"
+    """info: the console shows our own lines (one per step, evaluations, warnings to act on) and a progress bar; the
+    output of Ray, vLLM, DeepSpeed and transformers goes to <run_dir>/log.txt. debug: everything on the console, as
+    `agentrl-ray train --verbose`."""
     save_rollouts: int = 0
     """Write every N-th step's rollouts to <run_dir>/rollouts/step_<step>.jsonl as OpenAI-style messages (0 = never)."""
     save_rollouts_groups: int = 0

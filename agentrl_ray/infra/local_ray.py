@@ -9,7 +9,7 @@ Without the dashboard there is no state API, which Ray Train's placement-group c
 whether Ray Train's controller is alive, to remove the learner's placement group should the controller die
 ungracefully, and logs a warning each time the state API cannot answer. In a local run the driver owns the whole Ray
 instance and ends it with the run, so nothing outlives the controller: the cleaner's logger is raised to ERROR in
-every process of the run (`quiet_state_api_pollers`, Ray's worker setup hook). Ray Train's other state-API user, the
+every process of the run (`setup_worker`, Ray's worker setup hook). Ray Train's other state-API user, the
 state actor, only exists with RAY_TRAIN_ENABLE_STATE_TRACKING=1 (off by default).
 
 Two more processes that a one-machine run has no use for, each a Python process importing Ray (~190 MiB RSS and
@@ -32,32 +32,42 @@ if TYPE_CHECKING:
 
 _POLLER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
 _WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+LOG_ENV = "AGENTRL_LOG_FILE"
 
 
-def quiet_state_api_pollers() -> None:
+def setup_worker() -> None:
     """Ray's `worker_process_setup_hook` for a local run: runs once in every worker process as it starts."""
     logging.getLogger(_POLLER).setLevel(logging.ERROR)
+    path = os.environ.get(LOG_ENV)
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
 
 
-def runtime_env(env_vars: dict[str, str]) -> dict:
+def runtime_env(env_vars: dict[str, str], log_file: str | None = None) -> dict:
     """The job's runtime environment for a local run: the run's variables, no preemption watcher (a value the user
-    exported wins) and the hook above."""
-    env = {_WATCHER: os.environ.get(_WATCHER, "0"), **env_vars}
-    return {"env_vars": env, "worker_process_setup_hook": f"{__name__}.{quiet_state_api_pollers.__name__}"}
+    exported wins), the log file if any, and the hook above."""
+    env = {_WATCHER: os.environ.get(_WATCHER, "0"), **env_vars, **({LOG_ENV: log_file} if log_file else {})}
+    return {"env_vars": env, "worker_process_setup_hook": f"{__name__}.{setup_worker.__name__}"}
 
 
 # Ray's own settings for the instance a local run starts (`ray.init(_system_config=...)`).
 SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 
 
-def init_ray(cfg: Config, threads: ThreadPolicy) -> None:
-    """Join the cluster RAY_ADDRESS names, else start the local Ray described above; nothing when Ray is up."""
+def init_ray(cfg: Config, threads: ThreadPolicy, log_file: str | None = None) -> None:
+    """Join the cluster RAY_ADDRESS names, else start the local Ray described above; nothing when Ray is up.
+    `log_file`: the console is quiet (console.py); the workers' output goes there, not to the driver."""
     import ray
 
     if ray.is_initialized():
         return
     env_vars = threads.actor_env()
+    forward = log_file is None
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars}, log_to_driver=forward)
     else:
-        ray.init(include_dashboard=False, runtime_env=runtime_env(env_vars), _system_config=SYSTEM_CONFIG)
+        env = runtime_env(env_vars, log_file)
+        ray.init(include_dashboard=False, runtime_env=env, _system_config=SYSTEM_CONFIG, log_to_driver=forward)

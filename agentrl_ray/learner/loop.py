@@ -25,7 +25,6 @@ from agentrl_ray.learner.resume_state import batch_state, batches_from_state, rn
 from agentrl_ray.learner.sync_check import SyncCheck
 from agentrl_ray.learner.update import update
 from agentrl_ray.learner.watch import RunWatch
-from agentrl_ray.run.outputs import eval_text
 from agentrl_ray.sync.sender import make_sender
 from agentrl_ray.types import RolloutTimings, RunStopped
 
@@ -86,8 +85,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     elif cfg.run.eval_at_start:
         m = evaluate(feed, policy, config["eval_rows"], cfg, seed=-1, pad_id=pad_id)
         if rank == 0:
-            log.log(0, {**m, "samples": 0})
-            print(f"step    0/{cfg.run.steps} | eval {eval_text(m)} (before training)", flush=True)
+            log.log(0, {**m, "samples": 0})  # the driver shows it (run/step_lines.py)
     for step in range(start, cfg.run.steps):
         # rollout (scored in the workers) → broadcast to every rank
         t_step = time.perf_counter()
@@ -133,8 +131,7 @@ def _train_loop(config: dict[str, Any]) -> None:
             try:
                 stop = watch.after_step(done, groups, metrics)
             finally:  # the step that trips a guard (e.g. reward.max_failing_steps) is logged too
-                log.log(done, metrics)
-                log.print_step(done, metrics)
+                log.log(done, metrics)  # the driver shows the step's line (run/step_lines.py)
         stop = broadcast_groups(stop, world)  # every rank stops at the same step
         if (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0) or done == cfg.run.steps or stop:
             in_flight = batch_state(feed.ready) if rank == 0 else {}

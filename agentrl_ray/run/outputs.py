@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -130,9 +129,6 @@ class MetricsLog:
             self.rollout_table.add_data(*row, r["num_tool_errors"], conversation_text(r))
         self.wandb.log({"rollouts": self.rollout_table}, step=step)
 
-    def print_step(self, step: int, m: dict[str, Any]) -> None:
-        print_step(step, m, self.total_steps)
-
     def close(self) -> None:
         if self.wandb is not None:
             self.wandb.finish()
@@ -167,9 +163,6 @@ class LogClient:
 
         ray.get(self.actor.rollouts.remote(step, records, sample))
 
-    def print_step(self, step: int, m: dict[str, Any]) -> None:
-        print_step(step, m, self.total_steps)  # rank 0's console; Ray forwards it to the driver's
-
     def close(self) -> None:
         import ray
 
@@ -200,31 +193,6 @@ def start_driver_log(run_dir: Path, cfg: RunConfig, full_config: dict[str, Any],
         .remote(run_dir, cfg, full_config, total_steps)
     )
     return LogClient(actor, total_steps)
-
-
-def eval_text(m: dict[str, Any]) -> str:
-    """A held-out evaluation for the progress line: "success 0.885 (pass@1 95% CI 0.850-0.920, pass@2 0.930)"."""
-    text = f"success {m['eval/success']:.3f}"
-    if "eval/pass@1_ci95_lo" in m:
-        more = [f"pass@{k} {m[f'eval/pass@{k}']:.3f}" for k in (2, 4, 8, 16, 32) if f"eval/pass@{k}" in m]
-        ci = f"pass@1 95% CI {m['eval/pass@1_ci95_lo']:.3f}-{m['eval/pass@1_ci95_hi']:.3f}"
-        text += f" ({', '.join([ci, *more])})"
-    return text
-
-
-def print_step(step: int, m: dict[str, Any], total_steps: int) -> None:
-    line = (
-        f"step {step:>4}/{total_steps} | reward {m['reward/mean']:.3f} | success {m['rollout/success']:.2f} "
-        f"| tokens {m['rollout/sampled_tokens']:>6} | time {m['time/step_s']:.1f}s "
-        f"(learner {m['time/learner_s']:.1f} sync {m['time/sync_s']:.2f} | rollout "
-        f"{m.get('time/rollout_worker_s', 0.0):.1f}, learner waited {m['time/rollout_s']:.1f})"
-    )
-    if "eval/success" in m:
-        line += f" | eval {eval_text(m)}"
-    if "health/level" in m:  # the verdict of health.HealthMonitor
-        line += f" | health {('ok', 'WARN', 'RED')[m['health/level']]}"
-        line += f": {m['health/reasons']}" if m["health/reasons"] else ""
-    print(line, file=sys.stderr, flush=True)
 
 
 def plot_curves(metrics_path: Path, out_path: Path) -> Path | None:

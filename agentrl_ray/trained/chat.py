@@ -6,10 +6,14 @@
 Every message goes through `inference.Agent`, i.e. the run's rollout worker, agent loop and environment on vLLM:
 the model may call tools (each call and its result is shown) until it answers. The conversation so far (tool
 calls and results included) is the next prompt. /reset starts over, /quit (or Ctrl-D) leaves.
+
+The screen shows only the conversation: what Ray, vLLM and torch print goes to the run folder's chat_log.txt
+(infra/console.py); --verbose shows it here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -73,16 +77,38 @@ def add_arguments(p) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--system", help="a system message (default: the run's rollout.system_prompt)")
+    p.add_argument("-v", "--verbose", action="store_true", help="show Ray's, vLLM's and torch's output here")
 
 
 def main(args) -> int:
+    from agentrl_ray.infra import console
+    from agentrl_ray.trained.checkpoints import find_checkpoint
     from agentrl_ray.trained.inference import Agent
 
-    with Agent.load(args.checkpoint, rewards=False, num_workers=1) as agent:
-        tools = [t["function"]["name"] for t in _tools(agent)]
-        print(f"chatting with {agent.checkpoint.path} (tools: {', '.join(tools) or 'none'}); /reset, /quit")
-        session(agent, temperature=args.temperature, seed=args.seed, system=args.system)
+    log = find_checkpoint(args.checkpoint).run_dir / "chat_log.txt"  # a bad path: one line, before anything starts
+    with contextlib.nullcontext() if args.verbose else console.quiet(log, "Ray, vLLM and torch"):
+        with Agent.load(args.checkpoint, rewards=False, num_workers=1) as agent:
+            out = console.out()
+            tools = [t["function"]["name"] for t in _tools(agent)]
+            print(
+                f"chatting with {agent.checkpoint.path} (tools: {', '.join(tools) or 'none'}); /reset, /quit", file=out
+            )
+            session(agent, temperature=args.temperature, seed=args.seed, system=args.system, read=_reader(out), out=out)
     return 0
+
+
+def _reader(out):
+    """`input()` that prompts on `out` (our terminal: descriptor 1 may point at the log file)."""
+
+    def read(prompt: str) -> str:
+        out.write(prompt)
+        out.flush()
+        line = sys.stdin.readline()
+        if not line:
+            raise EOFError
+        return line
+
+    return read
 
 
 def _tools(agent: Agent) -> list[dict]:

@@ -26,6 +26,7 @@ from agentrl_ray.types import Trajectory, TrajectoryGroup
 
 class Agent:
     def __init__(self, cfg: Config, model_path: str, checkpoint: Checkpoint | None = None, tmp=None) -> None:
+        from agentrl_ray.infra import console
         from agentrl_ray.infra.local_ray import init_ray
         from agentrl_ray.infra.threads import ThreadPolicy
         from agentrl_ray.rollout.pool import RolloutPool
@@ -33,7 +34,7 @@ class Agent:
         self.cfg, self.model_path, self.checkpoint = cfg, model_path, checkpoint
         self._tmp = tmp  # the merged LoRA model's folder, removed at close()
         threads = ThreadPolicy.of(cfg)  # the run's own policy, as its driver decided it
-        init_ray(cfg, threads)
+        init_ray(cfg, threads, log_file=str(console.log_file() or "") or None)
         self.pool = RolloutPool.create(cfg, model_path, threads)
 
     @classmethod

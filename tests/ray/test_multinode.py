@@ -1,6 +1,6 @@
 """Several Ray nodes on this machine (separate raylets and object stores): a head without CPUs, engines on one
 node, env hosts on another, the learner on a third (custom resources), as on a real cluster. The default task trains
-10 steps with a weight sync after every step across nodes, every output under one storage path, then resumes with
+4 steps with a weight sync after every step across nodes, every output under one storage path, then resumes with
 the collective transport; and after a sync from another node through either transport the engine's greedy tokens
 equal the sender's model."""
 
@@ -35,7 +35,7 @@ SMALL = [
     "run.eval_samples=1",
     "run.eval_every=0",
     "run.eval_at_start=false",
-    "run.checkpoint_every=5",
+    "run.checkpoint_every=2",
     "sync.max_staleness=0",
     "learner.lr=1e-3",
     "run.name=multi",
@@ -69,10 +69,10 @@ def _records(run_dir):
 
 def test_three_nodes_train_sync_every_step_and_resume(cluster, tmp_path):
     storage = tmp_path / "storage"
-    cfg = load_config(None, [*SMALL, "run.steps=10", f"run.output_dir={storage}"])
+    cfg = load_config(None, [*SMALL, "run.steps=4", f"run.output_dir={storage}"])
     metrics = train(cfg)
     run_dir = storage / "multi"
-    assert metrics["samples"] == 10 * 2 * 2
+    assert metrics["samples"] == 4 * 2 * 2
 
     plan = json.loads((run_dir / "placement.json").read_text())
     assert {s["node"] for s in plan["engines"]} == {cluster["rollout_node"]}
@@ -82,20 +82,20 @@ def test_three_nodes_train_sync_every_step_and_resume(cluster, tmp_path):
         assert _actor_nodes(class_name) == {cluster[role]}, class_name
 
     records = _records(run_dir)
-    assert [r["step"] for r in records] == list(range(1, 11))
+    assert [r["step"] for r in records] == list(range(1, 5))
     # Every step pushed weights that every engine loaded before sampling the next step (on-policy).
     assert all(r["time/sync_s"] > 0 for r in records)
     assert all(r["time/load_weights_s"] > 0 for r in records[1:])
     assert all(r.get("rollout/staleness", 0) == 0 for r in records)
-    for name in ("checkpoint_000005", "checkpoint_000010", "summary.json", "reward_curve.png", "config.json"):
+    for name in ("checkpoint_000002", "checkpoint_000004", "summary.json", "reward_curve.png", "config.json"):
         assert (run_dir / name).exists(), name
 
-    # Resume from the step-10 checkpoint with the collective (gloo) transport: 2 more steps, counting on.
-    overrides = [*SMALL, "run.steps=12", f"run.output_dir={storage}", "run.resume=true", "sync.transport=collective"]
+    # Resume from the step-4 checkpoint with the collective (gloo) transport: 2 more steps, counting on.
+    overrides = [*SMALL, "run.steps=6", f"run.output_dir={storage}", "run.resume=true", "sync.transport=collective"]
     metrics = train(load_config(None, overrides))
-    assert metrics["samples"] == 12 * 2 * 2
-    assert [r["step"] for r in _records(run_dir)] == list(range(1, 13))
-    assert (run_dir / "checkpoint_000012" / "trainer_state.pt").exists()
+    assert metrics["samples"] == 6 * 2 * 2
+    assert [r["step"] for r in _records(run_dir)] == list(range(1, 7))
+    assert (run_dir / "checkpoint_000006" / "trainer_state.pt").exists()
 
 
 @pytest.mark.parametrize("transport", ["object_store", "collective"])

@@ -29,17 +29,47 @@ def _run(cmd: list[str], tmp_path: Path, returncode: int = 0) -> subprocess.Comp
 
 
 CLI = [sys.executable, "-m", "agentrl_ray.cli", "train", str(ROOT / "examples/calculator/config.yaml")]
+# Lines of others that once buried the step lines on the console: Ray's driver and core worker, Ray Train's
+# controller, vLLM CPU, DeepSpeed, transformers' loading bars.
+NOISE = (
+    "Started a local Ray instance",
+    "constructor arguments in the object store",
+    "TrainController",
+    "RayTrainWorker",
+    "RolloutWorker",
+    "libtcmalloc",
+    "set_num_threads",
+    "Triton",
+    "NUMA",
+    "Setting accelerator",
+    "Loading weights",
+    "WARNING",
+)
 
 
 def test_readme_example_matches_the_cli(tmp_path):
     api_out = _run([sys.executable, str(ROOT / "examples/python_api/train.py"), *SMALL, "run.output_dir=api"], tmp_path)
     api_out = api_out.stdout
     cli_run = _run([*CLI, *SMALL, "run.output_dir=cli", "run.name=python_api"], tmp_path)
+    # The console is the user's (infra/console.py): the first line names the log file, then one line per step and
+    # evaluation; what Ray, vLLM, DeepSpeed and Ray Train print is in the file.
+    console = cli_run.stdout + cli_run.stderr
+    log = tmp_path / "cli" / "python_api" / "log.txt"
+    assert cli_run.stdout.splitlines()[0].endswith(f"goes to {log} (--verbose shows it here)"), console
+    for step in range(1, 5):
+        assert f"step {step:>4}/4 | reward " in console, console
+    assert "step    0/4 | eval success" in console and "| eval success" in cli_run.stdout.splitlines()[-2]
+    assert cli_run.stdout.splitlines()[-1].startswith("done: ")
+    for noise in NOISE:
+        assert noise not in console, (noise, console)
+    ours = [line for line in console.splitlines() if not line.startswith(("step ", "done: ", "agentrl-ray: "))]
+    assert ours == [], console
     # A local run starts Ray without its dashboard (agentrl_ray/local_ray.py), and Ray Train's helpers that poll the
     # dashboard's state API (every second, for the whole run) stay quiet about its absence.
-    console = cli_run.stdout + cli_run.stderr
-    assert "Started a local Ray instance" in console and "dashboard" not in console
-    assert "Failed to query Ray Train Controller" not in console and "State API" not in console
+    logged = log.read_text()
+    assert "Started a local Ray instance" in logged and "View the dashboard" not in logged
+    assert "Failed to query Ray Train Controller" not in logged and "State API" not in logged
+    assert "libtcmalloc is not found" in logged  # a vLLM CPU engine's warning, from its Ray worker: kept
 
     api, cli_evals = _evals(tmp_path / "api" / "python_api"), _evals(tmp_path / "cli" / "python_api")
     print(f"\nheld-out (step, success, reward): API {api} | CLI {cli_evals}")

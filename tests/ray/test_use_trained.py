@@ -129,7 +129,8 @@ def test_eval_reproduces_run_then_exports_round_trip(runs, name, tmp_path, capsy
         assert _hf_greedy(peft_model, prompts[:3]) == expected[:3]
 
     agreement = {}
-    for quant in ("f16", "q8_0"):
+    # The quantization is llama.cpp's and the same for either run: q8_0 once, on the full run's weights.
+    for quant in ("f16", "q8_0") if name == "full" else ("f16",):
         folder = export(run_dir, "gguf", tmp_path / f"gguf-{quant}", quant=quant)
         gguf = folder / f"model-{quant}.gguf"
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name, dtype=torch.float32)
@@ -187,3 +188,10 @@ def test_chat_in_a_terminal(runs):
     reply = screen.split("What is 347 * 29?", 1)[1]
     assert '[tool call] calculator({"expression": ' in reply, reply
     assert "[tool result] " in reply and "agent> " in reply
+    # Only the conversation: what Ray, vLLM and torch print went to the run folder's chat_log.txt, named first.
+    first = screen.lstrip().splitlines()[0]
+    assert first.startswith("agentrl-ray: the output of Ray, vLLM and torch goes to ") and "chat_log.txt" in first
+    lines = [line for line in screen.splitlines() if line.strip()]
+    assert all(
+        line.startswith(("agentrl-ray: ", "chatting with", "you> ", "agent> ", "  [", "  (")) for line in lines
+    ), screen

@@ -77,6 +77,7 @@ def _run(script: str, env: dict[str, str]) -> dict:
 GLIBC = platform.libc_ver()[0] == "glibc"
 
 
+@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
 @pytest.mark.skipif(not GLIBC, reason="the MALLOC_*_ variables are glibc's")
 def test_freed_large_tensors_stay_mapped_with_the_settings():
     pages = 24 * 2 * 64 * 151936 * 4 // 4096  # two 39 MB tensors per step

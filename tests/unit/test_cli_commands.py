@@ -369,3 +369,18 @@ def test_train_a_second_time_from_the_command_line(tmp_path):
         cli("train", CONFIG, f"run.output_dir={tmp_path}", "run.name=calculator")
     )
     assert (earlier / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(("args", "quiet"), [((), True), (("--verbose",), False), (("run.log_level=debug",), False)])
+def test_train_is_quiet_unless_verbose(tmp_path, monkeypatch, args, quiet):
+    """Inside `train`, other programs' output goes to the run's log.txt (infra/console.py) unless --verbose or
+    run.log_level=debug; the first line on screen names the file."""
+    from agentrl_ray import driver
+    from agentrl_ray.cli import main
+    from agentrl_ray.infra import console
+
+    seen = []
+    monkeypatch.setattr(driver, "train", lambda cfg: seen.append(console.log_file()) or {})
+    assert main(["train", CONFIG, f"run.output_dir={tmp_path}", "run.name=r", *args]) == 0
+    assert seen == [tmp_path / "r" / "log.txt" if quiet else None]
+    assert console.log_file() is None

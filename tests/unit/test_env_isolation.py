@@ -153,6 +153,7 @@ def _run_all(level: str, scenarios: list[tuple[str, str]], timeout: float = 1.5)
     return asyncio.run(main())
 
 
+@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
 @pytest.mark.parametrize("level", ["thread", *PROCESS_LEVELS])
 def test_whatever_an_environment_does_costs_only_its_trajectory(level):
     scenarios = [
@@ -274,6 +275,7 @@ class Napper:
         return "rested"
 
 
+@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
 @pytest.mark.parametrize("level", PROCESS_LEVELS)
 def test_a_hung_call_kills_its_process_and_the_host_stays_bounded(level):
     """32 trajectories whose tool hangs: each is killed at its deadline; no process or thread is left."""

@@ -5,7 +5,7 @@ import pytest
 from builders import trajectory
 
 from agentrl_ray.rewards.eval_stats import pass_rates, training_eval_metrics
-from agentrl_ray.run.outputs import eval_text
+from agentrl_ray.run.step_lines import eval_text
 from agentrl_ray.trained.evaluate import summarize
 from agentrl_ray.types import TrajectoryGroup
 

@@ -60,6 +60,7 @@ def _assert_same_logprobs_and_grads(eager, compiled, ids: torch.Tensor) -> None:
         torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-3, atol=1e-5, msg=name)
 
 
+@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
 def test_compiled_layers_compute_what_eager_layers_compute(builtin_model_path):
     eager, compiled = _lora_model(builtin_model_path), _lora_model(builtin_model_path)
     names = [n for n, _ in compiled.named_parameters()]
@@ -75,6 +76,7 @@ def test_compiled_layers_compute_what_eager_layers_compute(builtin_model_path):
     assert all(getattr(m, "_compiled_call_impl", None) is not None for m in _decoder_layers(compiled))
 
 
+@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
 def test_compiled_layers_under_gradient_checkpointing(builtin_model_path):
     """learner.compile with learner.gradient_checkpointing: checkpointing wraps each compiled layer's call and runs
     it again in backward. Log-probabilities and LoRA gradients equal the eager, unchecked model's."""

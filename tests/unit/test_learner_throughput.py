@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
 def test_learner_throughput_benchmark_runs_on_a_cpu(tmp_path):
     out = tmp_path / "lt.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "learner_throughput.py"), "--device=cpu", "--shape=tiny"]

@@ -71,6 +71,7 @@ HOSTILE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
 def test_hostile_program_leaves_nothing_in_temp_dirs_or_sysv_ipc():
     for _ in range(2):  # twice: the second run could see the first run's leftovers (same uid slot possible)
         r = run_python(HOSTILE)
@@ -82,6 +83,7 @@ def test_hostile_program_leaves_nothing_in_temp_dirs_or_sysv_ipc():
         assert sysv_ipc_of(int(uid)) == []
 
 
+@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
 def test_many_processes_together_stay_under_the_memory_cgroup():
     # 4 children of 120 MB each: every one is under RLIMIT_AS (512 MB), together they are over 300 MB.
     code = textwrap.dedent(

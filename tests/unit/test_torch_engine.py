@@ -77,6 +77,7 @@ def test_static_cache_gives_the_same_greedy_output(model_dir, engine):
     ]
 
 
+@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
 def test_a_requests_sample_depends_on_its_seed_not_its_batch(engine):
     kwargs = dict(temperature=1.0, top_p=1.0, stop_token_ids=[])
     together = engine.generate(PROMPTS, [12] * 3, seeds=[1, 2, 3], **kwargs)
@@ -87,6 +88,7 @@ def test_a_requests_sample_depends_on_its_seed_not_its_batch(engine):
     assert other[0].token_ids != alone[0].token_ids  # 12 draws over 97 tokens: equal only by a fluke of ~1e-20
 
 
+@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
 def test_sampling_follows_the_distribution(model_dir):
     """Many seeded draws of one first token: the empirical frequencies match softmax(logits / T), and top-p keeps
     only the nucleus."""
@@ -130,6 +132,7 @@ def test_a_request_over_the_context_is_refused(engine):
         engine.generate([[1] * 120], [10], temperature=1.0, top_p=1.0, stop_token_ids=[])
 
 
+@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
 def test_load_weights_in_place_changes_generation(model_dir):
     engine = TorchEngine(model_dir, dtype="float32", seed=0, max_model_len=128, max_num_seqs=8)
     kwargs = dict(temperature=0.0, top_p=1.0, stop_token_ids=[], ignore_eos=True)
