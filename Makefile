@@ -38,7 +38,7 @@ test-rebuild: install
 
 # The unit tier without its few tests over ~5 s (marked slow): under a minute and a half on 2 cores (docs/testing.md).
 test-fast: install
-	$(BIN)/python -m pytest tests/unit -q -m "not slow"
+	$(BIN)/python -m pytest tests/unit -q -m "not slow and not rebuild"
 
 lint: install
 	$(BIN)/ruff check agentrl_ray tests examples benchmarks
