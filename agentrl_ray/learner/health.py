@@ -5,7 +5,8 @@ history and combines the checks. The verdict goes to the console line and to met
 1 warn, 2 red; `health/reasons`). What is watched, and why it matters for GRPO:
 
 - no learning signal: every group's rewards equal (all groups zero-variance): the advantages are all 0;
-- reward variance collapsing: the mean within-group reward std falls far below its running peak;
+- reward variance collapsing: the mean within-group reward std falls far below its running peak (not while success
+  is high and steady: groups that all succeed have no variance left);
 - entropy collapse (the policy turns deterministic, exploration ends) or blow-up (it turns to noise). A policy that
   sharpens onto a high, steady success has converged, not collapsed: falling entropy counts only while the training
   success (`rollout/success`) is low or falling (the default run ends at entropy 0.02x its start with held-out
@@ -67,7 +68,9 @@ def check_nan(m: dict[str, Any]) -> list[Finding]:
     return [(RED, f"non-finite {', '.join(sorted(bad))}")] if bad else []
 
 
-def check_signal(m: dict[str, Any], h: History, t: Thresholds) -> list[Finding]:
+def check_signal(m: dict[str, Any], h: History, t: Thresholds, held: bool = False) -> list[Finding]:
+    """No signal (every group's rewards equal), and a group std far below its peak unless success is `held` high and
+    steady: groups that all succeed have no variance left, which is convergence, not a collapse."""
     zero = m.get("rollout/zero_variance_groups")
     if zero is None:
         return []
@@ -79,7 +82,7 @@ def check_signal(m: dict[str, Any], h: History, t: Thresholds) -> list[Finding]:
     std = m.get("reward/group_std")
     findings = []
     if std is not None:
-        if h.peak_group_std > 0 and std < t.reward_std_collapse * h.peak_group_std:
+        if h.peak_group_std > 0 and std < t.reward_std_collapse * h.peak_group_std and not held:
             findings.append((WARN, f"reward variance collapsing: group std {std:.3f} vs peak {h.peak_group_std:.3f}"))
         h.peak_group_std = max(h.peak_group_std, std)
     return findings
@@ -99,8 +102,7 @@ def success_held(m: dict[str, Any], h: History, t: Thresholds) -> tuple[bool, fl
     return recent >= t.converged_success and recent >= h.best_success - t.converged_drop, recent
 
 
-def check_entropy(m: dict[str, Any], h: History, t: Thresholds) -> list[Finding]:
-    held, recent = success_held(m, h, t)  # every step, so the window is whole when entropy falls
+def check_entropy(m: dict[str, Any], h: History, t: Thresholds, held: bool, recent: float | None) -> list[Finding]:
     entropy = m.get("loss/entropy")
     if entropy is None or not math.isfinite(entropy):
         return []
@@ -178,10 +180,11 @@ class HealthMonitor:
         self.h = History()
 
     def update(self, m: dict[str, Any]) -> Verdict:
+        held, recent = success_held(m, self.h, self.t)  # every step, so the window is whole when it matters
         findings = (
             check_nan(m)
-            + check_signal(m, self.h, self.t)
-            + check_entropy(m, self.h, self.t)
+            + check_signal(m, self.h, self.t, held)
+            + check_entropy(m, self.h, self.t, held, recent)
             + check_trust_region(m, self.t)
             + check_grad_norm(m, self.h, self.t)
             + check_tools(m, self.t)
