@@ -138,6 +138,10 @@ def _parse_block(body: str) -> tuple[ToolCall | None, str]:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
         return None, f"tool call is not valid JSON ({e.msg} at char {e.pos}): {_snip(body)}"
+    except RecursionError:  # json's decoder recurses once per level: "[[[[..." thousands deep
+        return None, f"tool call JSON is nested too deeply: {_snip(body)}"
+    except ValueError as e:  # e.g. an integer of over 4,300 digits (Python's int-from-string limit)
+        return None, f"tool call JSON cannot be read ({e}): {_snip(body)}"
     if not isinstance(obj, dict):
         return None, f'tool call must be a JSON object {{"name": ..., "arguments": {{...}}}}, got: {_snip(body)}'
     name = obj.get("name")
@@ -148,7 +152,7 @@ def _parse_block(body: str) -> tuple[ToolCall | None, str]:
         # OpenAI-style calls carry the arguments as a JSON-encoded string; accept that spelling too.
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
             return None, f'tool call to {name!r}: "arguments" is a string that is not a JSON object'
     if not isinstance(arguments, dict):
         return None, f'tool call to {name!r}: "arguments" must be a JSON object, got {type(arguments).__name__}'

@@ -42,6 +42,10 @@ def _load_file_or_dataset(spec: str, split: str) -> list[dict[str, Any]]:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
+            except RecursionError as exc:
+                raise ConfigError(f"{path}:{n}: JSON nested too deeply for Python's decoder") from exc
+            except ValueError as exc:  # e.g. an integer of over 4,300 digits
+                raise ConfigError(f"{path}:{n}: JSON that Python cannot read ({exc})") from exc
         return rows
     import datasets
 

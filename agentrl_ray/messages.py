@@ -82,6 +82,8 @@ def from_openai(messages: list[Message], where: str = "messages") -> list[Messag
                     args = json.loads(args) if args.strip() else {}
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{where}[{i}]: tool call arguments are not JSON ({exc.msg})") from exc
+                except (RecursionError, ValueError) as exc:  # too deep; an integer of over 4,300 digits
+                    raise ValueError(f"{where}[{i}]: tool call arguments cannot be read as JSON ({exc})") from exc
             function["arguments"] = args
             call.setdefault("type", "function")
     return out

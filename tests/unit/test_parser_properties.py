@@ -131,3 +131,56 @@ def test_a_bad_jsonl_row_is_a_config_error_naming_it(tmp_path_factory, values, b
     with pytest.raises(ConfigError) as err:
         load_rows(str(path), DataConfig(), split="train", size=4)
     assert f"row {bad_at}" in str(err.value) or f"rows.jsonl:{bad_at + 1}:" in str(err.value)
+
+
+# Adversarial shapes of model output: deep nesting, huge inputs, nested or unbalanced tags, control characters,
+# broken JSON. Every parser on the path of a model's output returns (an error observation at worst), and the reward
+# of such a turn is a number: it costs at most its own trajectory.
+adversarial = st.one_of(
+    st.integers(1, 200_000).map(lambda n: "[" * n + "]" * n),  # json's decoder recurses once per level
+    st.integers(1, 200_000).map(lambda n: '{"a": ' * n + "1" + "}" * n),
+    st.integers(1, 3_000).map(lambda n: TOOL_CALL_OPEN * n + "x" + TOOL_CALL_CLOSE * (n // 2)),
+    st.integers(1, 2_000_000).map(lambda n: "9" * n),
+    st.text(st.characters(categories=("Cc", "Cs", "Co", "Zl", "Zp")), max_size=300),
+    st.text(alphabet='{}[]":,\\ntrue0-.eE' + TOOL_CALL_OPEN + TOOL_CALL_CLOSE, max_size=300),
+)
+
+
+def _as_call(body: str) -> str:
+    return f'{TOOL_CALL_OPEN}{{"name": "calculator", "arguments": {body}}}{TOOL_CALL_CLOSE}'
+
+
+@FAST
+@given(adversarial, st.sampled_from(["bare", "call", "arguments-string"]))
+def test_adversarial_model_output_never_raises(body, wrap):
+    from agentrl_ray.chat_format import extract_final_answer
+    from agentrl_ray.rewards.builtin import answer_match, count_tool_calls
+
+    text = {"bare": body, "call": _as_call(body), "arguments-string": _as_call(json.dumps(body))}[wrap]
+    parsed = parse_tool_calls(text)
+    assert all(isinstance(e, str) and e for e in parsed.errors)
+    assert all(isinstance(c.arguments, dict) for c in parsed.calls)
+    extract_final_answer(text)
+    completion = [{"role": "assistant", "content": text}]
+    assert answer_match([completion, text], [7, 7]) in ([0.0, 0.0], [1.0, 1.0], [0.0, 1.0], [1.0, 0.0])
+    assert min(count_tool_calls(completion)) >= 0
+
+
+def test_deeply_nested_tool_call_json_is_one_error():
+    """Found by the property above: 100,000 nested brackets made json raise RecursionError out of the parser."""
+    parsed = parse_tool_calls(_as_call("[" * 100_000 + "]" * 100_000))
+    assert parsed.calls == [] and len(parsed.errors) == 1 and "nested too deeply" in parsed.errors[0]
+
+
+def test_a_deeply_nested_jsonl_row_is_a_config_error(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"prompt": "ok"}) + "\n" + '{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    with pytest.raises(ConfigError, match="rows.jsonl:2: JSON nested too deeply"):
+        load_rows(str(path), DataConfig(), split="train", size=2)
+
+
+def test_a_tool_call_with_a_huge_integer_is_one_error():
+    """Found by the property above: an integer of 4,301 digits made json raise ValueError (Python's limit on int
+    conversion), which is not a JSONDecodeError."""
+    parsed = parse_tool_calls(_as_call("9" * 4301))
+    assert parsed.calls == [] and len(parsed.errors) == 1 and "cannot be read" in parsed.errors[0]

@@ -70,7 +70,7 @@ def _arguments(args: Any) -> str:
     if isinstance(args, str):
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
             return args
     return json.dumps(args, sort_keys=True)
 
