@@ -24,7 +24,8 @@ PROMPT = "you> "
 
 
 def show(messages: list[dict[str, Any]], out=sys.stdout) -> None:
-    """Print one reply: the tool calls, their results, and the answer."""
+    """Print one reply: the tool calls, their results, and the answer. A text of several lines keeps its lines
+    under its label (indented), so that every line on screen says whose it is."""
     from agentrl_ray.messages import to_openai
 
     for m in to_openai(messages):
@@ -33,12 +34,16 @@ def show(messages: list[dict[str, Any]], out=sys.stdout) -> None:
                 fn = call["function"]
                 print(f"  [tool call] {fn['name']}({fn['arguments']})", file=out)
             if m["content"] or not m.get("tool_calls"):
-                print(f"agent> {m['content']}", file=out)
+                print(f"agent> {_indented(m['content'])}", file=out)
         elif m["role"] == "tool":
-            print(f"  [tool result] {m['content']}", file=out)
+            print(f"  [tool result] {_indented(m['content'])}", file=out)
         else:  # a turn-based environment's reply
-            print(f"  [{m['role']}] {m['content']}", file=out)
+            print(f"  [{m['role']}] {_indented(m['content'])}", file=out)
     out.flush()
+
+
+def _indented(text: str) -> str:
+    return "\n       ".join((text or "").split("\n"))
 
 
 def session(agent: Agent, *, temperature: float, seed: int, system: str | None, read=input, out=sys.stdout) -> None:

@@ -193,5 +193,5 @@ def test_chat_in_a_terminal(runs):
     assert first.startswith("agentrl-ray: the output of Ray, vLLM and torch goes to ") and "chat_log.txt" in first
     lines = [line for line in screen.splitlines() if line.strip()]
     assert all(
-        line.startswith(("agentrl-ray: ", "chatting with", "you> ", "agent> ", "  [", "  (")) for line in lines
+        line.startswith(("agentrl-ray: ", "chatting with", "you> ", "agent> ", "  [", "  (", " " * 7)) for line in lines
     ), screen

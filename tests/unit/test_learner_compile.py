@@ -56,8 +56,11 @@ def _assert_same_logprobs_and_grads(eager, compiled, ids: torch.Tensor) -> None:
     got_logp, got_grads = _logprobs_and_grads(compiled, ids)
     torch.testing.assert_close(got_logp, want_logp, rtol=1e-4, atol=1e-4)
     assert got_grads.keys() == want_grads.keys() and len(got_grads) > 0
-    for name in want_grads:
-        torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-3, atol=1e-5, msg=name)
+    for name, want in want_grads.items():
+        # float32 sums in another order: the noise scales with the gradient's size (up to ~16 on the shipped model)
+        scale = max(1.0, float(want.abs().max()))
+        torch.testing.assert_close(got_grads[name], want, rtol=1e-3, atol=1e-5 * scale, msg=name)
+        assert (got_grads[name] - want).norm() <= 1e-4 * want.norm() + 1e-8, name
 
 
 @pytest.mark.slow  # over ~3 s: left out of `make test-fast`

@@ -55,9 +55,15 @@ def test_the_base_loads_in_nf4_and_only_the_adapters_learn(builtin_model_path):
 
     ids = torch.randint(0, model.config.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
     # A no-grad pass first, as the learner's old log-probs are: it must leave the layers trainable.
+    torch.manual_seed(0)
+    other = AutoModelForCausalLM.from_config(full.config).to(torch.bfloat16)  # another model of the same shape
     with torch.no_grad():
-        gap = (_logprobs(model, ids) - _logprobs(full, ids)).abs().mean().item()
-    assert 0 < gap < 0.5  # quantized, not another model: within half a nat per token on average
+        reference = _logprobs(full, ids)
+        gap = (_logprobs(model, ids) - reference).abs().mean().item()
+        other_gap = (_logprobs(other, ids) - reference).abs().mean().item()
+    # Quantized, not another model: on the shipped model 0.68 against 13.8 nats per token on average (0.11 against
+    # 10.0 on the earlier, less trained one: a sharper model moves more under 4-bit rounding).
+    assert 0 < gap < 0.1 * other_gap, (gap, other_gap)
 
     peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=cfg.lora.target_modules))
     with torch.autocast("cpu", dtype=torch.bfloat16):
