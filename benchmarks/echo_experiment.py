@@ -5,19 +5,24 @@
     python benchmarks/echo_experiment.py --config examples/grid/config.yaml --sweep 0.005 0.05 0.2 \\
         --normalizations seq_mean_token_mean seq_mean_token_sum_norm --seeds 0 1 2 3 4      # the grid task
     python benchmarks/echo_experiment.py --config examples/grid/config.yaml --report-only   # redraw from disk
+    python benchmarks/echo_experiment.py --config examples/grid/cells.yaml --pick reach --schedule linear \
+        --seeds 0 1 2 3 4                                       # round 5: cells-only observations, 80 steps
     python benchmarks/echo_experiment.py --sweep 0.01 0.1 --seeds 0 1 2 3 -- run.steps=80   # other settings
 
 Each run is `agentrl-ray train <config> echo.coeff=L run.seed=S` (the example's run, nothing else
 changed), in its own Ray instance, one after another; with AGENTRL_HEAVY_LOCK=<file> set each run is wrapped in
 `flock <file>`, so a machine shared with other heavy jobs runs one at a time and the others interleave between runs.
-Order: GRPO at the first seed, the lambda sweep at that seed, the normalizations (at the best lambda, first seed),
-then the remaining seeds of GRPO and of the best lambda. A run already on disk (its summary.json) is reused, so an
-interrupted experiment continues where it stopped.
+Order: GRPO at the first seed, the lambda sweep at that seed, the normalizations and the decaying schedule (at the
+best lambda, first seed), then the remaining seeds of GRPO and of the best ECHO variant. A run already on disk (its
+summary.json) is reused, so an interrupted experiment continues where it stopped.
 
 Held-out success and held-out environment-token CE come from the run's own evaluations (`eval/success`,
 `eval/echo_ce` in metrics.jsonl, every `run.eval_every` steps on the same held-out prompts). The lambda for the
 seeded comparison is the sweep value with the best mean held-out success over the run's evaluations after step 0
-(area under the curve), so a lambda that gets there sooner wins over one that only ends level.
+(area under the curve), so a lambda that gets there sooner wins over one that only ends level; with `--pick reach`
+(round 5, fixed before its runs) the one with the fewest samples to the first seed's GRPO peak, the mean held-out
+success breaking ties. `--schedule linear` adds, at the picked lambda, a run whose lambda decays linearly to 0 over
+`--decay-steps` steps; it replaces the constant lambda in the seeded arm when the same pick prefers it.
 
 Writes runs/echo/<name>/ (the calculator) or runs/echo-<task>/<name>/ (another config) for each run. The calculator
 writes docs/echo.md's head and docs/echo.png; another task writes its own section of docs/echo.md (between
@@ -44,19 +49,29 @@ ANALYSIS = "<!-- analysis: kept when the tables are regenerated -->"
 COEFF_KEY = "echo.coeff"
 NORM_KEY = "echo.normalization"
 DEFAULT_NORM = "token_mean"
+SCHEDULES = ("linear",)  # variants that change echo.schedule rather than echo.normalization
 
 
 class Experiment:
     """Where a config's runs go and how each is started."""
 
-    def __init__(self, config: Path, extra: list[str]) -> None:
+    def __init__(self, config: Path, extra: list[str], decay_steps: int = 40) -> None:
         self.config = config.resolve()
         self.extra = extra
+        self.decay_steps = decay_steps
         self.task = "calculator" if self.config == CALCULATOR.resolve() else task_name(self.config)
         self.out = ROOT / "runs" / ("echo" if self.task == "calculator" else f"echo-{self.task}")
 
     def run_dir(self, coeff: float, seed: int, norm: str = DEFAULT_NORM) -> Path:
         return self.out / run_name(coeff, seed, norm)
+
+    def variant_overrides(self, norm: str) -> list[str]:
+        """`norm` names a run's variant: an echo.normalization, or `linear` (lambda decays to 0 over decay_steps)."""
+        if norm == DEFAULT_NORM:
+            return []
+        if norm in SCHEDULES:
+            return ["echo.schedule=linear", "echo.final_coeff=0", f"echo.decay_steps={self.decay_steps}"]
+        return [f"{NORM_KEY}={norm}"]
 
     def train(self, coeff: float, seed: int, norm: str = DEFAULT_NORM) -> Path:
         run_dir = self.run_dir(coeff, seed, norm)
@@ -74,7 +89,7 @@ class Experiment:
             "train",
             str(self.config),
             f"{COEFF_KEY}={coeff}",
-            *([f"{NORM_KEY}={norm}"] if norm != DEFAULT_NORM else []),
+            *self.variant_overrides(norm),
             f"run.seed={seed}",
             f"run.output_dir={self.out}",
             f"run.name={run_dir.name}",
@@ -157,8 +172,30 @@ def mean_curve(dirs: list[Path], key: str) -> list[tuple[int, float]]:
     return [(curves[0][i]["samples"], statistics.mean(c[i].get(key, float("nan")) for c in curves)) for i in range(n)]
 
 
+def arm_label(coeff: float, variant: str = DEFAULT_NORM, decay_steps: int = 0) -> str:
+    if coeff == 0:
+        return "GRPO"
+    if variant in SCHEDULES:
+        return f"ECHO λ={coeff:g}→0 ({variant}, {decay_steps} steps)"
+    return f"ECHO λ={coeff:g}" + ("" if variant == DEFAULT_NORM else f" ({variant})")
+
+
+def pick(candidates: dict, target: float, by: str):
+    """The candidate (key -> run dir) a seed-0 comparison prefers: the best mean held-out success (`auc`), or the
+    fewest samples to `target`, mean held-out success breaking ties (`reach`)."""
+    if by == "auc":
+        return max(candidates, key=lambda k: auc(candidates[k]))
+    return min(candidates, key=lambda k: (reach_or_censored(candidates[k], target)[0], -auc(candidates[k])))
+
+
 def tables(
-    exp: Experiment, runs: dict[float, list[Path]], sweep: dict[float, Path], norms: dict[str, Path], best: float
+    exp: Experiment,
+    runs: dict[float, list[Path]],
+    sweep: dict[float, Path],
+    norms: dict[str, Path],
+    best: float,
+    arm: str = DEFAULT_NORM,
+    by: str = "auc",
 ) -> list[str]:
     def ms(xs: list[float]) -> str:
         m, h = mean_ci(xs)
@@ -168,31 +205,51 @@ def tables(
         return f"{c[i].get('eval/echo_ce', float('nan')):.2f}"
 
     seed0 = min(int(d.name.rpartition("seed")[2]) for d in sweep.values())
+    target0 = max(r["eval/success"] for r in curve(sweep[0.0])) if 0.0 in sweep else float("nan")
+    reach = by == "reach" and 0.0 in sweep
+
+    def to_target(d: Path) -> str:  # the `reach` pick's column
+        if not reach:
+            return ""
+        hit, cens = reach_or_censored(d, target0)
+        return f" {'>' if cens else ''}{hit:.0f} |"
+
     lines = [
         f"## λ sweep (seed {seed0})",
         "",
-        "| λ | held-out success, final | peak | mean over evals after step 0 | held-out env-token CE, start → end |",
-        "|---|---|---|---|---|",
+        "| λ | held-out success, final | peak | mean over evals after step 0 | held-out env-token CE, start → end |"
+        + (" samples to GRPO's seed-0 peak |" if reach else ""),
+        "|---|---|---|---|---|" + ("---|" if reach else ""),
     ]
     for coeff, d in sorted(sweep.items()):
         c = curve(d)
         peak = max(r["eval/success"] for r in c)
         lines.append(
             f"| {coeff:g} | {c[-1]['eval/success']:.3f} | {peak:.3f} | {auc(d):.3f} | {ce(c, 0)} → {ce(c, -1)} |"
+            + to_target(d)
         )
     if norms:
+        schedule_only = all(n in SCHEDULES for n in norms)
         lines += [
             "",
-            f"## World-loss normalization (λ = {best:g}, seed {seed0})",
+            f"## {'λ schedule' if schedule_only else 'World-loss normalization'} (λ = {best:g}, seed {seed0})",
             "",
-            "| normalization | held-out success, final | mean over evals after step 0 | env-token CE, start → end |",
-            "|---|---|---|---|",
+            "| variant | held-out success, final | mean over evals after step 0 | env-token CE, start → end |"
+            + (" samples to GRPO's seed-0 peak |" if reach else ""),
+            "|---|---|---|---|" + ("---|" if reach else ""),
         ]
         for norm, d in norms.items():
             c = curve(d)
-            lines.append(f"| {norm} | {c[-1]['eval/success']:.3f} | {auc(d):.3f} | {ce(c, 0)} → {ce(c, -1)} |")
-    why = "best mean held-out success over the run in the sweep" if best in sweep else "no sweep run finished yet"
-    lines += ["", f"Chosen λ = {best:g} ({why}).", ""]
+            name = arm_label(best, norm, exp.decay_steps).removeprefix("ECHO ")
+            lines.append(
+                f"| {name} | {c[-1]['eval/success']:.3f} | {auc(d):.3f} | {ce(c, 0)} → {ce(c, -1)} |" + to_target(d)
+            )
+    if by == "reach":
+        why = f"fewest samples to GRPO's seed-0 peak ({target0:.3f}), mean held-out success breaking ties"
+    else:
+        why = "best mean held-out success over the run in the sweep"
+    why = why if best in sweep else "no sweep run finished yet"
+    lines += ["", f"Chosen: {arm_label(best, arm, exp.decay_steps)} ({why}).", ""]
     grpo = runs.get(0.0, [])
     if not grpo:
         return lines
@@ -204,7 +261,7 @@ def tables(
         "it: the first evaluation at or above it, per seed (`>N`: never within the run, counted as N, one evaluation",
         "interval past the end).",
         "",
-        "| λ | seeds | held-out success, final | peak | mean over evals | env-token CE start | env-token CE end "
+        "| arm | seeds | held-out success, final | peak | mean over evals | env-token CE start | env-token CE end "
         "| policy entropy, peak | samples to GRPO's best |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -215,7 +272,8 @@ def tables(
         reach[coeff] = [s for s, _ in hits]
         cells = ", ".join(f">{s:.0f}" if cens else f"{s:.0f}" for s, cens in hits)
         lines.append(
-            f"| {coeff:g} | {len(dirs)} | {ms([c[-1]['eval/success'] for c in curves])} "
+            f"| {arm_label(coeff, arm if coeff else DEFAULT_NORM, exp.decay_steps)} | {len(dirs)} "
+            f"| {ms([c[-1]['eval/success'] for c in curves])} "
             f"| {ms([max(r['eval/success'] for r in c) for c in curves])} | {ms([auc(d) for d in dirs])} "
             f"| {ms([c[0].get('eval/echo_ce', float('nan')) for c in curves])} "
             f"| {ms([c[-1].get('eval/echo_ce', float('nan')) for c in curves])} "
@@ -226,7 +284,8 @@ def tables(
         r, lo, hi = ratio_ci(reach[echo[0]], reach[0.0])
         lines += [
             "",
-            f"Samples GRPO + ECHO (λ = {echo[0]:g}) needs to reach GRPO's best, over GRPO's: **{r:.2f}** "
+            f"Samples GRPO + {arm_label(echo[0], arm, exp.decay_steps)} needs to reach GRPO's best, over GRPO's: "
+            f"**{r:.2f}** "
             f"(95% bootstrap interval over seeds {lo:.2f}–{hi:.2f}; {len(reach[echo[0]])} and {len(reach[0.0])} "
             "seeds; ≤ 0.5 is the ECHO paper's ~2x).",
         ]
@@ -234,7 +293,7 @@ def tables(
         "",
         "Mean held-out success curves (over seeds):",
         "",
-        "| samples | " + " | ".join("GRPO" if c == 0 else f"ECHO λ={c:g}" for c in sorted(runs)) + " |",
+        "| samples | " + " | ".join(arm_label(c, arm, exp.decay_steps) for c in sorted(runs)) + " |",
         "|---" * (len(runs) + 1) + "|",
     ]
     means = {c: mean_curve(d, "eval/success") for c, d in sorted(runs.items())}
@@ -243,7 +302,7 @@ def tables(
     return lines
 
 
-def plot(runs: dict[float, list[Path]], out: Path) -> None:
+def plot(runs: dict[float, list[Path]], out: Path, arm: str = DEFAULT_NORM, decay_steps: int = 0) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -251,7 +310,7 @@ def plot(runs: dict[float, list[Path]], out: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for (coeff, dirs), color in zip(sorted(runs.items()), ["tab:blue", "tab:orange", "tab:green", "tab:red"]):
-        label = "GRPO" if coeff == 0 else f"GRPO + ECHO λ={coeff:g}"
+        label = "GRPO" if coeff == 0 else "GRPO + " + arm_label(coeff, arm, decay_steps)
         for key, ax in (("eval/success", axes[0]), ("eval/echo_ce", axes[1])):
             for d in dirs:
                 c = curve(d)
@@ -268,11 +327,11 @@ def plot(runs: dict[float, list[Path]], out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
-def report(exp: Experiment, runs, sweep, norms, best: float) -> None:
+def report(exp: Experiment, runs, sweep, norms, best: float, arm: str = DEFAULT_NORM, by: str = "auc") -> None:
     doc = ROOT / "docs" / "echo.md"
     doc.parent.mkdir(exist_ok=True)
     text = doc.read_text() if doc.exists() else ""
-    body = tables(exp, runs, sweep, norms, best)
+    body = tables(exp, runs, sweep, norms, best, arm, by)
     if exp.task == "calculator":
         head = [
             "# ECHO on the default calculator task",
@@ -305,7 +364,7 @@ def report(exp: Experiment, runs, sweep, norms, best: float) -> None:
         before, found, rest = text.partition(begin)
         after = rest.partition(end)[2] if found else ""
         doc.write_text(before.rstrip("\n") + "\n\n" + "\n".join(section) + (after or "\n"))
-        plot(runs, ROOT / "docs" / f"echo-{exp.task}.png")
+        plot(runs, ROOT / "docs" / f"echo-{exp.task}.png", arm, exp.decay_steps)
     print(doc.read_text())
 
 
@@ -315,10 +374,13 @@ def main() -> None:
     p.add_argument("--sweep", type=float, nargs="+", default=[0.005, 0.05, 0.2])
     p.add_argument("--normalizations", nargs="*", default=[], help=f"{NORM_KEY} values to try at the best λ")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--pick", choices=("auc", "reach"), default="auc", help="how the seed-0 runs choose the ECHO arm")
+    p.add_argument("--schedule", choices=SCHEDULES, help="also try λ decaying to 0 at the picked λ (seed 0)")
+    p.add_argument("--decay-steps", type=int, default=40, help="steps of the --schedule decay")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = p.parse_args()
-    exp = Experiment(args.config, args.overrides)
+    exp = Experiment(args.config, args.overrides, args.decay_steps)
     done = lambda d: (d / "summary.json").exists()  # noqa: E731
     if args.report_only:
         run = lambda c, s, n=DEFAULT_NORM: exp.run_dir(c, s, n)  # noqa: E731
@@ -327,15 +389,19 @@ def main() -> None:
     first = args.seeds[0]
     sweep = {0.0: run(0.0, first)} | {c: run(c, first) for c in args.sweep}
     sweep = {c: d for c, d in sweep.items() if done(d)}
-    best = max((c for c in sweep if c != 0.0), key=lambda c: auc(sweep[c]), default=args.sweep[0])
-    norms = {n: run(best, first, n) for n in args.normalizations}
+    target0 = max(r["eval/success"] for r in curve(sweep[0.0])) if 0.0 in sweep else 1.0
+    echo = {c: d for c, d in sweep.items() if c != 0.0}
+    best = pick(echo, target0, args.pick) if echo else args.sweep[0]
+    variants = [*args.normalizations, *([args.schedule] if args.schedule else [])]
+    norms = {n: run(best, first, n) for n in variants}
     norms = {n: d for n, d in norms.items() if done(d)}
+    arm = pick({DEFAULT_NORM: sweep[best]} | norms, target0, args.pick) if best in sweep else DEFAULT_NORM
     # Seed by seed, GRPO then ECHO: an experiment cut short still compares the arms on the same seeds.
     pairs = [(c, s) for s in args.seeds for c in (0.0, best)]
-    dirs = [(c, run(c, s)) for c, s in pairs]
+    dirs = [(c, run(c, s, arm if c else DEFAULT_NORM)) for c, s in pairs]
     runs = {c: [d for c2, d in dirs if c2 == c and done(d)] for c in (0.0, best)}
     runs = {c: ds for c, ds in runs.items() if ds}  # --report-only on an unfinished experiment
-    report(exp, runs, sweep, norms, best)
+    report(exp, runs, sweep, norms, best, arm, args.pick)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
-"""Does a grid model's first move depend on where the goal is? (docs/echo.md, "Round 3")
+"""Do a grid model's first and second moves depend on where the goal is? (docs/echo.md, rounds 3 and 5)
 
     python benchmarks/grid_probe.py                       # builtin:tiny-grid from the cache (built if missing)
+    python benchmarks/grid_probe.py --observe cell        # builtin:tiny-grid-cells (cells-only observations)
     python benchmarks/grid_probe.py PATH [PATH ...]       # other model folders, e.g. builds with another recipe
 
 For every (start, goal) pair of a split, the probability the model gives each of the four complete first-move calls
 (`move(direction)` then <|im_end|>, scored with `transformers` in the warm-up's token layout), renormalized over the
 four. Prints the mean probability of the moves that shorten the distance against what a uniform walker gives, and
 how much the distribution varies between prompts (its largest spread over pairs, per direction). A policy that
-uses the prompt has a spread well above 0; RL can only sharpen a preference that shows up here. No Ray, no vLLM:
-seconds on one core.
+uses the prompt has a spread well above 0; RL can only sharpen a preference that shows up here. The second move is
+probed the same way after one move toward the goal (the first such direction, and its observation in the `--observe`
+wording), over the pairs whose goal is still away: with cells-only observations it needs the offset tracked through
+the first move. No Ray, no vLLM: seconds on one core.
 """
 
 from __future__ import annotations
@@ -24,42 +27,65 @@ from agentrl_ray.builtin import model as builtin_model
 from agentrl_ray.tasks import grid
 
 
-def first_move_probs(model, tokenizer, tools, start, goal) -> dict[str, float]:
+def call(direction: str) -> dict:
+    fn = {"type": "function", "function": {"name": "move", "arguments": {"direction": direction}}}
+    return {"role": "assistant", "content": "", "tool_calls": [fn]}
+
+
+def move_probs(model, tokenizer, tools, start, goal, history=()) -> dict[str, float]:
+    """P(each complete move call) after the user's question and `history` [(direction, observation)], over the four."""
     logps = {}
+    before = [{"role": "user", "content": grid.question(start, goal)}]
+    for direction, obs in history:
+        before += [call(direction), {"role": "tool", "name": "move", "content": obs}]
     for direction in sorted(grid.DIRECTIONS):
-        call = {"type": "function", "function": {"name": "move", "arguments": {"direction": direction}}}
-        messages = [
-            {"role": "user", "content": grid.question(start, goal)},
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-        ]
+        messages = [*before, call(direction)]
         ids, mask = builtin_grid.messages_example(tokenizer, tools, messages)
+        last = [0] * len(mask)  # score the last assistant turn only: the history's moves are given
+        first = max(i for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1]))
+        last[first:] = mask[first:]
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0, :-1]  # (T-1, V): position t predicts token t + 1
         token_logps = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
-        logps[direction] = token_logps[torch.tensor(mask[1:]).bool()].sum().item()
+        logps[direction] = token_logps[torch.tensor(last[1:]).bool()].sum().item()
     total = sum(math.exp(v) for v in logps.values())
     return {d: math.exp(v) / total for d, v in logps.items()}
 
 
-def probe(path: str, split: str) -> str:
+def closer(cell, goal) -> list[str]:
+    return [
+        d for d in sorted(grid.DIRECTIONS) if grid.distance(grid.step(cell, d)[0], goal) < grid.distance(cell, goal)
+    ]
+
+
+def probe(path: str, split: str, observe: str = "offset") -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     tools = builtin_grid.grid_tools()
     toward, uniform, per_direction = [], [], {d: [] for d in grid.DIRECTIONS}
+    second, second_uniform = [], []
     for start, goal in grid.all_problems(split):
-        probs = first_move_probs(model, tokenizer, tools, start, goal)
-        closer = [d for d in probs if grid.distance(grid.step(start, d)[0], goal) < grid.distance(start, goal)]
-        toward.append(sum(probs[d] for d in closer))
-        uniform.append(len(closer) / len(probs))
+        probs = move_probs(model, tokenizer, tools, start, goal)
+        toward.append(sum(probs[d] for d in closer(start, goal)))
+        uniform.append(len(closer(start, goal)) / len(probs))
         for d, p in probs.items():
             per_direction[d].append(p)
+        first = closer(start, goal)[0]
+        cell, blocked = grid.step(start, first)
+        if cell == goal:
+            continue
+        history = [(first, grid.observation(cell, blocked, goal, observe))]
+        probs = move_probs(model, tokenizer, tools, start, goal, history)
+        second.append(sum(probs[d] for d in closer(cell, goal)))
+        second_uniform.append(len(closer(cell, goal)) / len(probs))
     spread = max(max(ps) - min(ps) for ps in per_direction.values())
     return (
-        f"{path} [{split}, {len(toward)} pairs]: P(first move toward the goal) {statistics.mean(toward):.3f} "
-        f"(uniform walker {statistics.mean(uniform):.3f}); largest spread of a direction's probability over "
-        f"prompts {spread:.3f}"
+        f"{path} [{split}, {len(toward)} pairs, {observe} observations]: P(first move toward the goal) "
+        f"{statistics.mean(toward):.3f} (uniform walker {statistics.mean(uniform):.3f}); largest spread of a "
+        f"direction's probability over prompts {spread:.3f}; P(second move toward the goal) "
+        f"{statistics.mean(second):.3f} over {len(second)} pairs (uniform {statistics.mean(second_uniform):.3f})"
     )
 
 
@@ -67,10 +93,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="*", help="model folders (default: builtin:tiny-grid)")
     p.add_argument("--split", choices=grid.SPLITS, default="eval")
+    p.add_argument("--observe", choices=grid.OBSERVATIONS, default="offset", help="the observations' wording")
     args = p.parse_args()
     torch.set_num_threads(1)
-    for path in args.paths or [str(builtin_model.ensure_builtin_model(size="tiny-grid"))]:
-        print(probe(path, args.split), flush=True)
+    default = "tiny-grid" if args.observe == "offset" else "tiny-grid-cells"
+    for path in args.paths or [str(builtin_model.ensure_builtin_model(size=default))]:
+        print(probe(path, args.split, args.observe), flush=True)
 
 
 if __name__ == "__main__":

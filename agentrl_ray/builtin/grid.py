@@ -31,7 +31,8 @@ def texts_and_examples(recipe, tools: list[dict[str, Any]], template: str) -> tu
 
     problems = grid.sample_problems(recipe.sft_dialogues, recipe.seed, "train")
     rng = random.Random(recipe.seed)
-    dialogues = [grid.warmup_messages(start, goal, rng, recipe.sft_toward_share) for start, goal in problems]
+    observe = grid.check_observe(recipe.grid_observations)
+    dialogues = [grid.warmup_messages(start, goal, rng, recipe.sft_toward_share, observe) for start, goal in problems]
     renderer = Qwen2Tokenizer()  # only to render the training text with our template
     renderer.chat_template = template
     texts = [renderer.apply_chat_template(m, tools=tools, tokenize=False) for m in dialogues[:TOKENIZER_DIALOGUES]]

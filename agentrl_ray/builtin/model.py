@@ -75,6 +75,8 @@ def recipe_hash(recipe: Recipe, tools: list[dict[str, Any]]) -> str:
         del fields["task"]  # the field came after the calculator models were built: keep their cache folders
     if not fields["sft_toward_share"]:
         del fields["sft_toward_share"]  # later still: the recipes that leave it at 0 keep their folders
+    if fields["grid_observations"] == "offset":
+        del fields["grid_observations"]  # later again: builtin:tiny-grid keeps its folder
     if fields.get("task") == "grid":
         fields["grid_text"] = grid.TEXT_VERSION  # the dialogues' wording is not a field of the recipe
     blob = json.dumps(

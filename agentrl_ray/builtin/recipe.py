@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 NAME = "tiny-calculator"
 RECIPE_VERSION = 1  # bump on any change of behaviour not captured by the fields of `Recipe`
@@ -101,6 +101,7 @@ class Recipe:
     sft_warmup: int = 30
     seed: int = 0
     task: str = "arithmetic"  # the warm-up dialogues: "arithmetic" (calculator) or "grid" (see `builtin_grid`)
+    grid_observations: str = "offset"  # the grid's observation wording (tasks.grid.OBSERVATIONS)
 
 
 RECIPE = Recipe()
@@ -126,4 +127,7 @@ SMALL_RECIPE = Recipe(
 # with 0.35 the first move goes toward the goal with probability 0.50 on held-out pairs against a uniform 0.41
 # (benchmarks/grid_probe.py). With cells only in the prompt (grid.TEXT_VERSION 1) no lean up to 0.5 took at all.
 GRID_RECIPE = Recipe(task="grid", sft_dialogues=20_000, sft_steps=500, sft_batch=32, sft_toward_share=0.35)
-RECIPES = {"tiny": RECIPE, "small": SMALL_RECIPE, "tiny-grid": GRID_RECIPE}
+# `model.path: builtin:tiny-grid-cells`: the same warm-up with observations that give the cell only (examples/grid/
+# cells.yaml, docs/echo.md round 5): the policy must track the offset the prompt states through its own moves.
+GRID_CELLS_RECIPE = replace(GRID_RECIPE, grid_observations="cell")
+RECIPES = {"tiny": RECIPE, "small": SMALL_RECIPE, "tiny-grid": GRID_RECIPE, "tiny-grid-cells": GRID_CELLS_RECIPE}

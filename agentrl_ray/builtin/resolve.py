@@ -22,7 +22,7 @@ def resolve_model(path: str) -> str:
     if not (folder / "config.json").is_file():
         raise ConfigError(
             f"model.path {path!r} is not a Hugging Face model folder (no config.json); "
-            "use builtin:tiny, builtin:small, builtin:tiny-grid, a local folder made by save_pretrained, or a Hub id "
-            "such as Qwen/Qwen2.5-0.5B-Instruct"
+            "use builtin:tiny, builtin:small, builtin:tiny-grid(-cells), a local folder made by save_pretrained, or a "
+            "Hub id such as Qwen/Qwen2.5-0.5B-Instruct"
         )
     return str(folder.resolve())

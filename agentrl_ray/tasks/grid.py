@@ -13,6 +13,14 @@ The warm-up dialogues (`warmup_messages`) walk at random: each move goes toward 
 with "Done." as soon as an observation says "goal", and gives up after `MAX_MOVES` moves. The warm-started model
 knows the tool format and when to stop, not which direction brings it closer: RL has that to learn.
 
+Observations come in two wordings (`OBSERVATIONS`), chosen by `GridEnv(observations=...)` and by the warm-up recipe
+(`builtin:tiny-grid` "offset", `builtin:tiny-grid-cells` "cell"); the prompt states the offset in both:
+- "offset" (the default): every observation also states where the goal now lies ("at 2,3, goal 1 east 1 south"),
+  so the next move can be read off the last observation.
+- "cell": observations give the new cell only ("at 2,3", "blocked, at 0,3", "at 3,2 goal"). After the first move the
+  offset left is stated nowhere: the policy must track it through its own moves and the blocked ones, which is what
+  predicting the observations (the cell each move leads to, and when it is the goal) teaches. docs/echo.md, round 5.
+
 Why the offset is spelled out (TEXT_VERSION 2): with cells only ("Go to 3,2", "at 2,3"), the 0.44M model never
 learned to compare coordinates: its first move did not depend on the goal even after warm-ups biased toward it,
 and GRPO stayed flat (docs/echo.md, rounds 1-3). With the offset, choosing a move is reading a word of the latest
@@ -29,6 +37,7 @@ SIZE = 5  # cells 0..SIZE-1 on each axis
 # The wording of prompts and observations, part of `builtin:tiny-grid`'s cache key (the model is warm-started on it).
 # 2: both state the goal's offset ("2 east 1 south"); 1 gave cells only, which the tiny model could not compare.
 TEXT_VERSION = 2
+OBSERVATIONS = ("offset", "cell")  # what an observation states besides the cell: see the module's docstring
 DIRECTIONS = {"north": (0, 1), "south": (0, -1), "east": (1, 0), "west": (-1, 0)}
 
 
@@ -66,10 +75,19 @@ def offset_text(cell: tuple[int, int], goal: tuple[int, int]) -> str:
     return " ".join(parts)
 
 
-def observation(cell: tuple[int, int], blocked: bool, goal: tuple[int, int]) -> str:
-    """ "at 2,3, goal 1 east 1 south", "blocked, at 0,3, goal 2 north", or "at 3,2 goal" once there."""
+def observation(cell: tuple[int, int], blocked: bool, goal: tuple[int, int], observe: str = "offset") -> str:
+    """ "at 2,3, goal 1 east 1 south", "blocked, at 0,3, goal 2 north", or "at 3,2 goal" once there; with `observe`
+    "cell", the cell only: "at 2,3", "blocked, at 0,3", "at 3,2 goal"."""
     where = ("blocked, " if blocked else "") + "at " + cell_text(cell)
-    return where + (" goal" if cell == goal else ", goal " + offset_text(cell, goal))
+    if cell == goal:
+        return where + " goal"
+    return where if observe == "cell" else where + ", goal " + offset_text(cell, goal)
+
+
+def check_observe(observe: str) -> str:
+    if observe not in OBSERVATIONS:
+        raise ValueError(f"grid observations must be one of {OBSERVATIONS}, got {observe!r}")
+    return observe
 
 
 MIN_DISTANCE, MAX_DISTANCE = 1, 3
@@ -132,7 +150,9 @@ def distance(a: Cell, b: Cell) -> int:
     return abs(a[0] - b[0]) + abs(a[1] - b[1])
 
 
-def random_walk(start: Cell, goal: Cell, rng: random.Random, toward: float = 0.0) -> list[tuple[str, str]]:
+def random_walk(
+    start: Cell, goal: Cell, rng: random.Random, toward: float = 0.0, observe: str = "offset"
+) -> list[tuple[str, str]]:
     """(direction, observation) of each move of a random walk that stops at the goal or after MAX_MOVES; a move goes
     toward the goal with probability `toward`, else in a uniform direction."""
     cell, moves = start, []
@@ -140,15 +160,17 @@ def random_walk(start: Cell, goal: Cell, rng: random.Random, toward: float = 0.0
         closer = [d for d in sorted(DIRECTIONS) if distance(step(cell, d)[0], goal) < distance(cell, goal)]
         direction = rng.choice(closer) if rng.random() < toward else rng.choice(sorted(DIRECTIONS))
         cell, blocked = step(cell, direction)
-        moves.append((direction, observation(cell, blocked, goal)))
+        moves.append((direction, observation(cell, blocked, goal, observe)))
     return moves
 
 
-def warmup_messages(start: Cell, goal: Cell, rng: random.Random, toward: float = 0.0) -> list[dict[str, Any]]:
+def warmup_messages(
+    start: Cell, goal: Cell, rng: random.Random, toward: float = 0.0, observe: str = "offset"
+) -> list[dict[str, Any]]:
     """A warm-up dialogue as chat messages: user question, then (move call, tool result) pairs, then "Done." when the
     walk reached the goal (a walk that gave up just ends)."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": question(start, goal)}]
-    moves = random_walk(start, goal, rng, toward)
+    moves = random_walk(start, goal, rng, toward, observe)
     for direction, obs in moves:
         call = {"type": "function", "function": {"name": "move", "arguments": {"direction": direction}}}
         messages += [

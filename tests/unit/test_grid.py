@@ -159,7 +159,7 @@ def test_the_calculator_models_keep_their_cache_folders_and_the_grid_model_gets_
     import json
 
     tools = builtin_model.calculator_tools()
-    late = ("task", "sft_toward_share")
+    late = ("task", "sft_toward_share", "grid_observations")
     for recipe in (recipes.RECIPE, recipes.SMALL_RECIPE):
         fields = {k: v for k, v in dataclasses.asdict(recipe).items() if k not in late}
         blob = {"version": recipes.RECIPE_VERSION, "recipe": fields, "template": recipes.CHAT_TEMPLATE}
@@ -180,6 +180,46 @@ def test_the_grid_models_cache_folder_follows_the_wording_of_its_dialogues(monke
     monkeypatch.setattr(grid, "TEXT_VERSION", grid.TEXT_VERSION + 1)
     assert builtin_model.recipe_hash(recipes.GRID_RECIPE, tools) != before
     assert builtin_model.recipe_hash(recipes.RECIPE, tools) == calculator
+
+
+def test_cells_only_observations_leave_the_offset_out():
+    """`observations="cell"` (round 5): the cell, "blocked" and "goal" as before, never where the goal lies."""
+    env = GridEnv(observations="cell")
+    env.reset(prompt="", start="0,0", goal="2,1")
+    assert [env.move(d) for d in ("west", "east", "north", "east")] == [
+        "blocked, at 0,0",
+        "at 1,0",
+        "at 1,1",
+        "at 2,1 goal",
+    ]
+    assert env.reward("Done.") == 1.0
+    with pytest.raises(ValueError, match="observations must be one of"):
+        GridEnv(observations="offsets")
+
+
+def test_the_cells_model_is_warm_started_on_cells_only_walks_in_its_own_folder():
+    """builtin:tiny-grid-cells learns the cells-only wording (no observation of its warm-up states an offset; the
+    prompt still does), and has its own cache folder while builtin:tiny-grid keeps the one it had."""
+    import dataclasses
+    import hashlib
+    import json
+
+    tools = builtin_grid.grid_tools()
+    recipe = dataclasses.replace(recipes.GRID_CELLS_RECIPE, sft_dialogues=200)
+    texts, _ = builtin_grid.texts_and_examples(recipe, tools, recipes.CHAT_TEMPLATE)
+    observations = [line for text in texts for line in re.findall(r"<tool_response>\n?(.*?)\n?</tool_response>", text)]
+    assert len(observations) > 200
+    assert all(re.fullmatch(r"(blocked, )?at \d,\d( goal)?", o) for o in observations), observations[:5]
+    assert any(o.endswith(" goal") for o in observations) and any(o.startswith("blocked") for o in observations)
+    assert all(re.search(r"Go to \d,\d: \d (east|west|north|south)", t) for t in texts)
+    fields = dataclasses.asdict(recipes.GRID_RECIPE)
+    del fields["grid_observations"]
+    fields["grid_text"] = grid.TEXT_VERSION
+    blob = {"version": recipes.RECIPE_VERSION, "recipe": fields, "template": recipes.CHAT_TEMPLATE, "tools": tools}
+    kept = hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
+    assert builtin_model.folder_name("tiny-grid") == f"tiny-grid-{kept}"
+    assert builtin_model.folder_name("tiny-grid-cells").startswith("tiny-grid-cells-")
+    assert builtin_model.folder_name("tiny-grid-cells").rpartition("-")[2] != kept
 
 
 def test_the_walker_goes_toward_the_goal_as_often_as_asked():

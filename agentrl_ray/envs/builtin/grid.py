@@ -2,8 +2,9 @@
 
 Every observation follows from the history: `move` answers with the new cell and where the goal now lies ("at 2,3,
 goal 1 east 1 south"), "blocked, ..." when the move would leave the grid (the agent stays), and "at X,Y goal" on the
-goal cell. A model that predicts these observations (the ECHO loss) has learned what each direction does to the cell
-and to the offset, the knowledge the policy needs to choose the move that brings it closer. The reward is the
+goal cell (`observations="cell"`: the cell only, "at 2,3", so the policy must track the offset itself). A model
+that predicts these observations (the ECHO loss) has learned what each direction does to the cell and to the offset,
+the knowledge the policy needs to choose the move that brings it closer. The reward is the
 environment's own: 1.0 when the episode ends on the goal cell, else `progress_credit` times the share of the start's
 distance walked off (0 by default; `examples/grid` uses 0.5). Success (`run.success_threshold` 1.0) still means the
 goal only: the credit just lets GRPO tell a walk that got closer from one that wandered off, when no walk of a group
@@ -14,16 +15,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl_ray.tasks.grid import DIRECTIONS, distance, observation, parse_cell, step
+from agentrl_ray.tasks.grid import DIRECTIONS, check_observe, distance, observation, parse_cell, step
 
 
 class GridEnv:
-    """One walker per trajectory; the row's `start` and `goal` columns ("x,y") place it."""
+    """One walker per trajectory; the row's `start` and `goal` columns ("x,y") place it. `observations` "cell" leaves
+    the goal's offset out of the observations (`tasks.grid`'s docstring)."""
 
-    def __init__(self, progress_credit: float = 0.0) -> None:
+    def __init__(self, progress_credit: float = 0.0, observations: str = "offset") -> None:
         if not 0.0 <= progress_credit < 1.0:
             raise ValueError(f"env.kwargs.progress_credit must be in [0, 1) (below the goal's 1.0): {progress_credit}")
         self.progress_credit = progress_credit
+        self.observe = check_observe(observations)
 
     def reset(self, **row: Any) -> None:
         if "start" not in row or "goal" not in row:
@@ -42,7 +45,7 @@ class GridEnv:
         if direction not in DIRECTIONS:
             raise ValueError(f"unknown direction {direction!r}: use north, south, east or west")
         self.cell, blocked = step(self.cell, direction)
-        return observation(self.cell, blocked, self.goal)
+        return observation(self.cell, blocked, self.goal, self.observe)
 
     def reward(self, completion: str) -> float:
         if self.cell == self.goal:
