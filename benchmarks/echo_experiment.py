@@ -5,8 +5,8 @@
     python benchmarks/echo_experiment.py --config examples/grid/config.yaml --sweep 0.005 0.05 0.2 \\
         --normalizations seq_mean_token_mean seq_mean_token_sum_norm --seeds 0 1 2 3 4      # the grid task
     python benchmarks/echo_experiment.py --config examples/grid/config.yaml --report-only   # redraw from disk
-    python benchmarks/echo_experiment.py --config examples/grid/cells.yaml --pick reach --schedule linear \
-        --seeds 0 1 2 3 4                                       # round 5: cells-only observations, 80 steps
+    python benchmarks/echo_experiment.py --config examples/grid/delayed.yaml --pick reach --schedule linear \
+        --seeds 0 1 2 3 4                                       # round 5: observations one move late, 80 steps
     python benchmarks/echo_experiment.py --sweep 0.01 0.1 --seeds 0 1 2 3 -- run.steps=80   # other settings
 
 Each run is `agentrl-ray train <config> echo.coeff=L run.seed=S` (the example's run, nothing else

@@ -2,6 +2,7 @@
 
     python benchmarks/grid_probe.py                       # builtin:tiny-grid from the cache (built if missing)
     python benchmarks/grid_probe.py --observe cell        # builtin:tiny-grid-cells (cells-only observations)
+    python benchmarks/grid_probe.py --observe delayed     # builtin:tiny-grid-delayed (observations one move late)
     python benchmarks/grid_probe.py PATH [PATH ...]       # other model folders, e.g. builds with another recipe
 
 For every (start, goal) pair of a split, the probability the model gives each of the four complete first-move calls
@@ -76,7 +77,7 @@ def probe(path: str, split: str, observe: str = "offset") -> str:
         cell, blocked = grid.step(start, first)
         if cell == goal:
             continue
-        history = [(first, grid.observation(cell, blocked, goal, observe))]
+        history = [(first, grid.observation(cell, blocked, goal, observe, start))]
         probs = move_probs(model, tokenizer, tools, start, goal, history)
         second.append(sum(probs[d] for d in closer(cell, goal)))
         second_uniform.append(len(closer(cell, goal)) / len(probs))
@@ -96,7 +97,7 @@ def main() -> None:
     p.add_argument("--observe", choices=grid.OBSERVATIONS, default="offset", help="the observations' wording")
     args = p.parse_args()
     torch.set_num_threads(1)
-    default = "tiny-grid" if args.observe == "offset" else "tiny-grid-cells"
+    default = "tiny-grid" if args.observe == "offset" else f"tiny-grid-{args.observe}"
     for path in args.paths or [str(builtin_model.ensure_builtin_model(size=default))]:
         print(probe(path, args.split, args.observe), flush=True)
 

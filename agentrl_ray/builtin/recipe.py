@@ -129,5 +129,14 @@ SMALL_RECIPE = Recipe(
 GRID_RECIPE = Recipe(task="grid", sft_dialogues=20_000, sft_steps=500, sft_batch=32, sft_toward_share=0.35)
 # `model.path: builtin:tiny-grid-cells`: the same warm-up with observations that give the cell only (examples/grid/
 # cells.yaml, docs/echo.md round 5): the policy must track the offset the prompt states through its own moves.
+# Its warm-up does not learn to follow the prompt (benchmarks/grid_probe.py --observe cell; docs/echo.md round 5).
 GRID_CELLS_RECIPE = replace(GRID_RECIPE, grid_observations="cell")
-RECIPES = {"tiny": RECIPE, "small": SMALL_RECIPE, "tiny-grid": GRID_RECIPE, "tiny-grid-cells": GRID_CELLS_RECIPE}
+# `model.path: builtin:tiny-grid-delayed`: observations one move late (examples/grid/delayed.yaml, round 5).
+GRID_DELAYED_RECIPE = replace(GRID_RECIPE, grid_observations="delayed")
+RECIPES = {
+    "tiny": RECIPE,
+    "small": SMALL_RECIPE,
+    "tiny-grid": GRID_RECIPE,
+    "tiny-grid-cells": GRID_CELLS_RECIPE,
+    "tiny-grid-delayed": GRID_DELAYED_RECIPE,
+}

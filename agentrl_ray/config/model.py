@@ -7,7 +7,8 @@ from typing import Literal
 
 from agentrl_ray.config.checking import need
 
-BUILTIN_MODELS = ("tiny", "small", "tiny-grid", "tiny-grid-cells")  # the sizes of builtin.model.RECIPES
+# the sizes of builtin.model.RECIPES
+BUILTIN_MODELS = ("tiny", "small", "tiny-grid", "tiny-grid-cells", "tiny-grid-delayed")
 
 
 @dataclass
@@ -16,9 +17,9 @@ class ModelConfig:
 
     path: str = "builtin:tiny"
     """builtin:tiny (the project's own 0.44M-parameter chat model, built once and cached), builtin:small (~25M, for
-    benchmarks), builtin:tiny-grid (tiny, warm-started on examples/grid), builtin:tiny-grid-cells (the same on the
-    grid's cells-only observations), a local Hugging Face model folder, or a Hub id (org/name[@revision], resolved
-    through the Hugging Face cache to one commit for every node, see infra/hub.py)."""
+    benchmarks), builtin:tiny-grid (tiny, warm-started on examples/grid), builtin:tiny-grid-cells and -delayed (the
+    same on the grid's other observation wordings), a local Hugging Face model folder, or a Hub id
+    (org/name[@revision], resolved through the Hugging Face cache to one commit for every node, see infra/hub.py)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Dtype of the rollout engines' weights (and of the learner's on GPU; a CPU learner keeps float32 masters)."""
 

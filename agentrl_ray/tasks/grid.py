@@ -19,7 +19,13 @@ Observations come in two wordings (`OBSERVATIONS`), chosen by `GridEnv(observati
   so the next move can be read off the last observation.
 - "cell": observations give the new cell only ("at 2,3", "blocked, at 0,3", "at 3,2 goal"). After the first move the
   offset left is stated nowhere: the policy must track it through its own moves and the blocked ones, which is what
-  predicting the observations (the cell each move leads to, and when it is the goal) teaches. docs/echo.md, round 5.
+  predicting the observations (the cell each move leads to, and when it is the goal) teaches. The tiny model's
+  warm-up did not learn to follow the prompt on this wording (docs/echo.md, round 5).
+- "delayed": each observation says whether the move went through and reports the walker one move late, where it was
+  before the move ("moved, before: at 1,3, goal 2 east 1 south"; "blocked, before: ..."). Where the walker is now,
+  and whether it stands on the goal, is the next observation: the policy must predict it (apply its last move to the
+  last report) to choose the next move or to stop, and predicting the next observation is what ECHO trains.
+  builtin:tiny-grid-delayed, examples/grid/delayed.yaml, docs/echo.md round 5.
 
 Why the offset is spelled out (TEXT_VERSION 2): with cells only ("Go to 3,2", "at 2,3"), the 0.44M model never
 learned to compare coordinates: its first move did not depend on the goal even after warm-ups biased toward it,
@@ -37,7 +43,7 @@ SIZE = 5  # cells 0..SIZE-1 on each axis
 # The wording of prompts and observations, part of `builtin:tiny-grid`'s cache key (the model is warm-started on it).
 # 2: both state the goal's offset ("2 east 1 south"); 1 gave cells only, which the tiny model could not compare.
 TEXT_VERSION = 2
-OBSERVATIONS = ("offset", "cell")  # what an observation states besides the cell: see the module's docstring
+OBSERVATIONS = ("offset", "cell", "delayed")  # what an observation states besides the cell: see the module's docstring
 DIRECTIONS = {"north": (0, 1), "south": (0, -1), "east": (1, 0), "west": (-1, 0)}
 
 
@@ -75,9 +81,17 @@ def offset_text(cell: tuple[int, int], goal: tuple[int, int]) -> str:
     return " ".join(parts)
 
 
-def observation(cell: tuple[int, int], blocked: bool, goal: tuple[int, int], observe: str = "offset") -> str:
+def observation(
+    cell: tuple[int, int], blocked: bool, goal: tuple[int, int], observe: str = "offset", before: Cell | None = None
+) -> str:
     """ "at 2,3, goal 1 east 1 south", "blocked, at 0,3, goal 2 north", or "at 3,2 goal" once there; with `observe`
-    "cell", the cell only: "at 2,3", "blocked, at 0,3", "at 3,2 goal"."""
+    "cell", the cell only: "at 2,3", "blocked, at 0,3", "at 3,2 goal"; with "delayed", the cell `before` the move:
+    "moved, before: at 1,3, goal 2 east 1 south", "blocked, before: at 0,3, goal 2 north", "moved, before: at 3,2
+    goal" (the walker has just stepped off the goal)."""
+    if observe == "delayed":
+        if before is None:
+            raise ValueError("delayed observations need the cell before the move")
+        return ("blocked" if blocked else "moved") + ", before: " + observation(before, False, goal)
     where = ("blocked, " if blocked else "") + "at " + cell_text(cell)
     if cell == goal:
         return where + " goal"
@@ -159,8 +173,9 @@ def random_walk(
     while len(moves) < MAX_MOVES and cell != goal:
         closer = [d for d in sorted(DIRECTIONS) if distance(step(cell, d)[0], goal) < distance(cell, goal)]
         direction = rng.choice(closer) if rng.random() < toward else rng.choice(sorted(DIRECTIONS))
+        before = cell
         cell, blocked = step(cell, direction)
-        moves.append((direction, observation(cell, blocked, goal, observe)))
+        moves.append((direction, observation(cell, blocked, goal, observe, before)))
     return moves
 
 
@@ -177,6 +192,9 @@ def warmup_messages(
             {"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "name": "move", "content": obs},
         ]
-    if moves and moves[-1][1].endswith("goal"):
+    cell = start
+    for direction, _ in moves:
+        cell = step(cell, direction)[0]
+    if cell == goal:  # the walk stopped on the goal (a delayed observation does not say so yet)
         messages.append({"role": "assistant", "content": FINAL_ANSWER})
     return messages

@@ -62,7 +62,7 @@ def test_the_reach_pick_prefers_the_fewest_samples_and_breaks_ties_by_the_mean(e
     assert echo_experiment.pick(candidates, 0.5, "reach") == 0.005
     assert echo_experiment.pick(candidates, 0.5, "auc") == 0.05
     assert echo_experiment.arm_label(0.05, "linear", 40) == "ECHO λ=0.05→0 (linear, 40 steps)"
-    exp = echo_experiment.Experiment(SCRIPT.parents[1] / "examples/grid/cells.yaml", [], decay_steps=40)
-    assert exp.task == "grid-cells"
+    exp = echo_experiment.Experiment(SCRIPT.parents[1] / "examples/grid/delayed.yaml", [], decay_steps=40)
+    assert exp.task == "grid-delayed"
     assert exp.variant_overrides("linear") == ["echo.schedule=linear", "echo.final_coeff=0", "echo.decay_steps=40"]
     assert exp.run_dir(0.05, 3, "linear").name == "lam0.05-linear-seed3"

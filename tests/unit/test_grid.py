@@ -197,6 +197,30 @@ def test_cells_only_observations_leave_the_offset_out():
         GridEnv(observations="offsets")
 
 
+def test_delayed_observations_report_the_walker_one_move_late():
+    """`observations="delayed"` (round 5): whether the move went through, and the cell and offset before it; standing
+    on the goal shows only in the next observation, so the warm-up's "Done." follows a report that does not say it."""
+    env = GridEnv(observations="delayed")
+    env.reset(prompt="", start="0,0", goal="2,1")
+    assert [env.move(d) for d in ("west", "east", "north", "east", "south")] == [
+        "blocked, before: at 0,0, goal 2 east 1 north",
+        "moved, before: at 0,0, goal 2 east 1 north",
+        "moved, before: at 1,0, goal 1 east 1 north",
+        "moved, before: at 1,1, goal 1 east",
+        "moved, before: at 2,1 goal",
+    ]
+    assert env.reward("Done.") == 0.0 and env.cell == (2, 0)
+    rng = random.Random(0)
+    walks = [grid.warmup_messages(s, g, rng, 0.35, "delayed") for s, g in grid.sample_problems(300, 0, "train")]
+    done = [w for w in walks if w[-1]["content"] == grid.FINAL_ANSWER]
+    assert 60 < len(done) < 240 and all(not w[-2]["content"].endswith(" goal") for w in done)
+    for walk in done:  # replaying the calls ends on the goal
+        cell = grid.parse_cell(re.search(r"at (\d,\d)", walk[0]["content"]).group(1), "start")
+        for m in walk[1:-1:2]:
+            cell = grid.step(cell, m["tool_calls"][0]["function"]["arguments"]["direction"])[0]
+        assert grid.cell_text(cell) == re.search(r"Go to (\d,\d)", walk[0]["content"]).group(1)
+
+
 def test_the_cells_model_is_warm_started_on_cells_only_walks_in_its_own_folder():
     """builtin:tiny-grid-cells learns the cells-only wording (no observation of its warm-up states an offset; the
     prompt still does), and has its own cache folder while builtin:tiny-grid keeps the one it had."""

@@ -2,7 +2,8 @@
 
 Every observation follows from the history: `move` answers with the new cell and where the goal now lies ("at 2,3,
 goal 1 east 1 south"), "blocked, ..." when the move would leave the grid (the agent stays), and "at X,Y goal" on the
-goal cell (`observations="cell"`: the cell only, "at 2,3", so the policy must track the offset itself). A model
+goal cell (`observations="cell"`: the cell only, "at 2,3"; "delayed": one move late, "moved, before: at 1,3, goal
+2 east 1 south", so the policy must predict where its last move took it: `tasks.grid`'s docstring). A model
 that predicts these observations (the ECHO loss) has learned what each direction does to the cell and to the offset,
 the knowledge the policy needs to choose the move that brings it closer. The reward is the
 environment's own: 1.0 when the episode ends on the goal cell, else `progress_credit` times the share of the start's
@@ -44,8 +45,9 @@ class GridEnv:
         """
         if direction not in DIRECTIONS:
             raise ValueError(f"unknown direction {direction!r}: use north, south, east or west")
+        before = self.cell
         self.cell, blocked = step(self.cell, direction)
-        return observation(self.cell, blocked, self.goal, self.observe)
+        return observation(self.cell, blocked, self.goal, self.observe, before)
 
     def reward(self, completion: str) -> float:
         if self.cell == self.goal:
