@@ -13,6 +13,7 @@ from typing import Any
 
 from agentrl_ray.chat_format import END_OF_TURN, ToolCall, encode_segments, render_tool_call, tool_response_segments
 from agentrl_ray.tasks import grid
+from agentrl_ray.types import TokenRole
 
 TOKENIZER_DIALOGUES = 2000
 
@@ -38,14 +39,17 @@ def texts_and_examples(recipe, tools: list[dict[str, Any]], template: str) -> tu
     texts = [renderer.apply_chat_template(m, tools=tools, tokenize=False) for m in dialogues[:TOKENIZER_DIALOGUES]]
 
     def make_examples(tokenizer) -> list[tuple[list[int], list[int]]]:
-        return [messages_example(tokenizer, tools, m) for m in dialogues]
+        return [messages_example(tokenizer, tools, m, recipe.sft_learn_observations) for m in dialogues]
 
     return texts, make_examples
 
 
-def messages_example(tokenizer, tools, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+def messages_example(
+    tokenizer, tools, messages: list[dict[str, Any]], learn_observations: bool = False
+) -> tuple[list[int], list[int]]:
     """(ids, loss mask) of a dialogue of one user message, then assistant turns (one tool call or a final text) and
-    tool results; loss on the assistant's tokens only."""
+    tool results; loss on the assistant's tokens only, or also on the tool results' own tokens (the ones ECHO scores)
+    with `learn_observations`."""
     ids = list(
         tokenizer.apply_chat_template(
             messages[:1], tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
@@ -54,9 +58,9 @@ def messages_example(tokenizer, tools, messages: list[dict[str, Any]]) -> tuple[
     mask = [0] * len(ids)
     for message in messages[1:]:
         if message["role"] == "tool":
-            piece, _ = encode_segments(tokenizer, tool_response_segments([message["content"]]))
+            piece, roles = encode_segments(tokenizer, tool_response_segments([message["content"]]))
             ids.extend(piece)
-            mask.extend([0] * len(piece))
+            mask.extend([int(learn_observations and r == TokenRole.ENV) for r in roles])
             continue
         calls = message.get("tool_calls") or []
         fn = calls[0]["function"] if calls else None

@@ -75,8 +75,9 @@ def recipe_hash(recipe: Recipe, tools: list[dict[str, Any]]) -> str:
         del fields["task"]  # the field came after the calculator models were built: keep their cache folders
     if not fields["sft_toward_share"]:
         del fields["sft_toward_share"]  # later still: the recipes that leave it at 0 keep their folders
-    if fields["grid_observations"] == "offset":
-        del fields["grid_observations"]  # later again: builtin:tiny-grid keeps its folder
+    for late in ("grid_observations", "sft_learn_observations"):  # later again: the earlier models keep their folders
+        if fields[late] == Recipe.__dataclass_fields__[late].default:
+            del fields[late]
     if fields.get("task") == "grid":
         fields["grid_text"] = grid.TEXT_VERSION  # the dialogues' wording is not a field of the recipe
     blob = json.dumps(

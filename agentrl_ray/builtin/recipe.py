@@ -102,6 +102,7 @@ class Recipe:
     seed: int = 0
     task: str = "arithmetic"  # the warm-up dialogues: "arithmetic" (calculator) or "grid" (see `builtin_grid`)
     grid_observations: str = "offset"  # the grid's observation wording (tasks.grid.OBSERVATIONS)
+    sft_learn_observations: bool = False  # the warm-up's loss also on the tool results (a world model before RL)
 
 
 RECIPE = Recipe()
@@ -139,4 +140,6 @@ RECIPES = {
     "tiny-grid": GRID_RECIPE,
     "tiny-grid-cells": GRID_CELLS_RECIPE,
     "tiny-grid-delayed": GRID_DELAYED_RECIPE,
+    # round 5's ablation: the same warm-up with its loss on the observations too, so RL starts from a world model
+    "tiny-grid-delayed-wm": replace(GRID_DELAYED_RECIPE, sft_learn_observations=True),
 }

@@ -8,7 +8,7 @@ from typing import Literal
 from agentrl_ray.config.checking import need
 
 # the sizes of builtin.model.RECIPES
-BUILTIN_MODELS = ("tiny", "small", "tiny-grid", "tiny-grid-cells", "tiny-grid-delayed")
+BUILTIN_MODELS = ("tiny", "small", "tiny-grid", "tiny-grid-cells", "tiny-grid-delayed", "tiny-grid-delayed-wm")
 
 
 @dataclass

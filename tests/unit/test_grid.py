@@ -148,6 +148,9 @@ def test_warmup_ids_are_the_rendered_conversation_and_learn_only_assistant_turns
         assert ids == list(rendered)[: len(ids)]
         learned = tokenizer.decode([i for i, m in zip(ids, mask) if m])
         assert "move" in learned and "at " not in learned  # calls are learned, observations are not
+        _, with_obs = builtin_grid.messages_example(tokenizer, tools, messages, learn_observations=True)
+        observed = tokenizer.decode([i for i, m, m0 in zip(ids, with_obs, mask) if m and not m0])
+        assert observed == "".join(m["content"] for m in messages if m["role"] == "tool")  # results, no template
     assert len(make_examples(tokenizer)) == 300
 
 
@@ -159,7 +162,7 @@ def test_the_calculator_models_keep_their_cache_folders_and_the_grid_model_gets_
     import json
 
     tools = builtin_model.calculator_tools()
-    late = ("task", "sft_toward_share", "grid_observations")
+    late = ("task", "sft_toward_share", "grid_observations", "sft_learn_observations")
     for recipe in (recipes.RECIPE, recipes.SMALL_RECIPE):
         fields = {k: v for k, v in dataclasses.asdict(recipe).items() if k not in late}
         blob = {"version": recipes.RECIPE_VERSION, "recipe": fields, "template": recipes.CHAT_TEMPLATE}
@@ -237,7 +240,7 @@ def test_the_cells_model_is_warm_started_on_cells_only_walks_in_its_own_folder()
     assert any(o.endswith(" goal") for o in observations) and any(o.startswith("blocked") for o in observations)
     assert all(re.search(r"Go to \d,\d: \d (east|west|north|south)", t) for t in texts)
     fields = dataclasses.asdict(recipes.GRID_RECIPE)
-    del fields["grid_observations"]
+    del fields["grid_observations"], fields["sft_learn_observations"]
     fields["grid_text"] = grid.TEXT_VERSION
     blob = {"version": recipes.RECIPE_VERSION, "recipe": fields, "template": recipes.CHAT_TEMPLATE, "tools": tools}
     kept = hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
