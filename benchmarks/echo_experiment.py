@@ -7,6 +7,8 @@
     python benchmarks/echo_experiment.py --config examples/grid/config.yaml --report-only   # redraw from disk
     python benchmarks/echo_experiment.py --config examples/grid/delayed.yaml --pick reach --schedule linear \
         --seeds 0 1 2 3 4                                       # round 5: observations one move late, 80 steps
+    python benchmarks/echo_experiment.py --config examples/grid/delayed.yaml --name grid-delayed-wm --sweep 0.05 \
+        --seeds 0 1 -- model.path=builtin:tiny-grid-delayed-wm  # round 5's ablation: a warm-up that predicts them
     python benchmarks/echo_experiment.py --sweep 0.01 0.1 --seeds 0 1 2 3 -- run.steps=80   # other settings
 
 Each run is `agentrl-ray train <config> echo.coeff=L run.seed=S` (the example's run, nothing else
@@ -55,11 +57,11 @@ SCHEDULES = ("linear",)  # variants that change echo.schedule rather than echo.n
 class Experiment:
     """Where a config's runs go and how each is started."""
 
-    def __init__(self, config: Path, extra: list[str], decay_steps: int = 40) -> None:
+    def __init__(self, config: Path, extra: list[str], decay_steps: int = 40, name: str | None = None) -> None:
         self.config = config.resolve()
         self.extra = extra
         self.decay_steps = decay_steps
-        self.task = "calculator" if self.config == CALCULATOR.resolve() else task_name(self.config)
+        self.task = name or ("calculator" if self.config == CALCULATOR.resolve() else task_name(self.config))
         self.out = ROOT / "runs" / ("echo" if self.task == "calculator" else f"echo-{self.task}")
 
     def run_dir(self, coeff: float, seed: int, norm: str = DEFAULT_NORM) -> Path:
@@ -350,11 +352,14 @@ def report(exp: Experiment, runs, sweep, norms, best: float, arm: str = DEFAULT_
     else:
         begin, end = f"<!-- echo:{exp.task} -->", f"<!-- /echo:{exp.task} -->"
         cmd = f"python benchmarks/echo_experiment.py --config {exp.config.relative_to(ROOT)}"
+        cmd += f" --name {exp.task}" if exp.task != task_name(exp.config) else ""
+        tail = f" -- {' '.join(exp.extra)}" if exp.extra else ""
         section = [
             begin,
-            f"## Generated: GRPO vs GRPO + ECHO on `{exp.config.relative_to(ROOT)}`",
+            f"## Generated: GRPO vs GRPO + ECHO on `{exp.config.relative_to(ROOT)}`{tail.replace(' --', ',')}",
             "",
-            f"Reproduce: `{cmd} ...` (the arguments above each table's runs); `{cmd} --report-only` redraws.",
+            f"Reproduce: `{cmd} ...{tail}` (the arguments above each table's runs); `{cmd} --report-only{tail}` "
+            "redraws.",
             "",
             *[line.replace("## ", "### ", 1) if line.startswith("## ") else line for line in body],
             "",
@@ -377,10 +382,11 @@ def main() -> None:
     p.add_argument("--pick", choices=("auc", "reach"), default="auc", help="how the seed-0 runs choose the ECHO arm")
     p.add_argument("--schedule", choices=SCHEDULES, help="also try λ decaying to 0 at the picked λ (seed 0)")
     p.add_argument("--decay-steps", type=int, default=40, help="steps of the --schedule decay")
+    p.add_argument("--name", help="the experiment's name (runs/echo-<name>/, its docs section), default the config's")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = p.parse_args()
-    exp = Experiment(args.config, args.overrides, args.decay_steps)
+    exp = Experiment(args.config, args.overrides, args.decay_steps, args.name)
     done = lambda d: (d / "summary.json").exists()  # noqa: E731
     if args.report_only:
         run = lambda c, s, n=DEFAULT_NORM: exp.run_dir(c, s, n)  # noqa: E731
