@@ -17,7 +17,7 @@ A variant is a setting and its levers, `SETTING[.LEVER...]`:
   float32) and `lora` (profile=lora: r 16, alpha 32, every linear kind, bfloat16 base under autocast; on a CPU
   float32), and on a CPU `lorabf16` (the 0.5B side-by-side's learner: bfloat16 base under autocast);
 - `old`: the learner before the levers of docs/learner_speed.md and of docs/benchmarks.md ("The CPU learner's
-  levers"): 64 MiB head chunks (110 tokens at 152k vocabulary) also when fused, the attention mask always passed,
+  levers"): 64 MiB head chunks (110 tokens at 152k vocabulary), the attention mask always passed,
   torch's default (multi-tensor) AdamW, PEFT casting each adapter's input to float32; `-chunk`, `-nomask`,
   `-fusedadam`, `-peftcast` turn one of them back alone;
 - `compile`: learner.compile=true (every decoder layer compiled, and the head's chunk math fused);
@@ -34,6 +34,8 @@ norm, N_head = vocab x hidden: full fine-tune 6*N_body*T + 6*N_head*S; LoRA 4*N_
 (frozen weights have no weight gradient). Attention's T^2 matmuls and the head's recomputation in backward are not
 counted. MFU = FLOPs / median step / `--peak-tflops` (790: an H200's measured dense bfloat16 rate, the number the
 earlier measurements used); `matmul_tflops` is this device's own bfloat16 8192^3 matmul rate, measured first.
+`--paired N` then runs N steps with the exact eager levers (`-nomask`, `-peftcast`) off and N on, alternating in the
+same process (`paired_off_s`, `paired_on_s`): at a few percent they are below the spread between processes.
 Each variant also records its log-probs of the first micro-batch before any update; `logprob_gap_vs` is the largest
 difference at scored positions against the setting's first variant (the levers must not change the numbers beyond
 bfloat16 kernel rounding).
@@ -69,7 +71,7 @@ SETTINGS = {
     },
 }
 CHILD_ARGS = ("device", "shape", "micro_batch", "micro_batches", "seq", "prompt_len", "warmup", "steps", "profile")
-CHILD_ARGS += ("peak_tflops", "min_len")
+CHILD_ARGS += ("peak_tflops", "min_len", "paired")
 LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "compile", "mb16", "zero0", "zero1")
 SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -164,7 +166,6 @@ def apply_levers(levers: list[str]) -> None:
     off = set(levers) if "old" not in levers else {"-chunk", "-nomask", "-fusedadam", "-peftcast"}
     if "-chunk" in off:
         chunked_logprobs.CUDA_CHUNK_ELEMENTS = chunked_logprobs.CHUNK_ELEMENTS
-        chunked_logprobs.CPU_FUSED_CHUNK_ELEMENTS = chunked_logprobs.CHUNK_ELEMENTS
     if "-nomask" in off:
         policy.right_padded = lambda mask: False
     if "-fusedadam" in off:
@@ -221,6 +222,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
         update(policy, groups, cfg, step=i, pad_id=0)
         sync()
         times.append(time.perf_counter() - t0)
+    paired = paired_exact_levers(policy, lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired)
     profile = profile_step(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.profile) if args.profile else []
 
     params = dict(policy.module.named_parameters())
@@ -253,7 +255,32 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
         "mfu": round(flops / step_s / 1e12 / args.peak_tflops, 4),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
         "top_kernels": profile,
+        **paired,
     }
+
+
+def paired_exact_levers(policy, step, pairs: int) -> dict:
+    """`pairs` steps with the exact eager levers (`-nomask`, `-peftcast`) off and as many on, alternating in this
+    process (ABBA order): their few percent are below the spread between processes, not below a step's."""
+    if not pairs:
+        return {}
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from agentrl_ray.learner import policy as policy_module
+
+    right_padded = policy_module.right_padded
+    adapters = [m for m in policy.module.modules() if isinstance(m, BaseTunerLayer)]
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(pairs):
+        for on in (False, True) if i % 2 == 0 else (True, False):
+            policy_module.right_padded = right_padded if on else (lambda mask: False)
+            for m in adapters:  # True: PEFT casts the input to the adapter's dtype
+                m.cast_input_dtype_enabled = not (on and policy.cfg.bf16)
+            t0 = time.perf_counter()
+            step()
+            times[on].append(round(time.perf_counter() - t0, 4))
+    policy_module.right_padded = right_padded
+    return {"paired_off_s": times[False], "paired_on_s": times[True]}
 
 
 def profile_step(step, top: int) -> list[dict]:
@@ -324,6 +351,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--profile", type=int, default=0, help="top operations of one profiled step (0: none)")
+    p.add_argument("--paired", type=int, default=0, help="then N steps each with -nomask,-peftcast off/on, ABBA")
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--budget-s", type=float, default=1e9, help="start no variant after this many seconds")
     p.add_argument("--out", type=Path)

@@ -24,9 +24,6 @@ CHUNK_ELEMENTS = 1 << 24  # a chunk's (tokens, V) float32 temporaries are at mos
 # On a GPU memory is plentiful and a 110-token chunk (at 152k vocabulary) starves the head's matmul and launches
 # ~10 kernels per chunk: 512 MiB chunks (883 tokens at 152k) keep the matmul large (benchmarks/learner_throughput.py).
 CUDA_CHUNK_ELEMENTS = 1 << 27
-# On a CPU the fused chunk math (learner.compile) keeps its (t, V) temporaries in bfloat16 and few: 441-token chunks
-# (at 152k) run the head's forward + backward over 4,110 tokens in 4.8 s against 5.2 s at 110 tokens (eager: 6.5 s).
-CPU_FUSED_CHUNK_ELEMENTS = 1 << 26
 
 
 def chunk_tokens_for(vocab: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
@@ -35,11 +32,10 @@ def chunk_tokens_for(vocab: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
     return max(16, chunk_elements // vocab)
 
 
-def chunk_elements_for(device: torch.device, fused: bool = False) -> int:
-    """The (tokens, V) temporaries' budget per chunk on `device`, with the chunk math `fused` or eager."""
-    if device.type == "cuda":
-        return CUDA_CHUNK_ELEMENTS
-    return CPU_FUSED_CHUNK_ELEMENTS if fused else CHUNK_ELEMENTS
+def chunk_elements_for(device: torch.device) -> int:
+    """The (tokens, V) temporaries' budget per chunk on `device`. On a CPU 441-token chunks ran the fused head alone
+    ~8% faster but the learner's step no faster (docs/benchmarks.md, "The CPU learner's levers"): 110 stay."""
+    return CUDA_CHUNK_ELEMENTS if device.type == "cuda" else CHUNK_ELEMENTS
 
 
 def _forward_chunk(h: Tensor, w: Tensor, targets: Tensor, temperature: float, acc: torch.dtype, with_entropy: bool):
@@ -164,7 +160,7 @@ def hidden_token_logprobs(
     if compute_dtype is None:
         on = torch.is_autocast_enabled(hidden.device.type)
         compute_dtype = torch.get_autocast_dtype(hidden.device.type) if on else weight.dtype
-    chunk = chunk or chunk_tokens_for(weight.shape[0], chunk_elements_for(hidden.device, fused))
+    chunk = chunk or chunk_tokens_for(weight.shape[0], chunk_elements_for(hidden.device))
     flat = hidden[:, :-1].reshape(-1, width)  # (B*(T-1), H): position t predicts token t + 1
     targets = input_ids[:, 1:].reshape(-1)
     rows = None

@@ -16,6 +16,7 @@ def test_learner_throughput_benchmark_runs_on_a_cpu(tmp_path):
     out = tmp_path / "lt.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "learner_throughput.py"), "--device=cpu", "--shape=tiny"]
     cmd += ["--steps=1", "--warmup=1", "--seq=96", "--prompt-len=16", "--micro-batch=4", "--ragged", "--profile=3"]
+    cmd += ["--paired=1"]
     variants = "--variants=full.old,full,lora,lorabf16.old,lorabf16"
     proc = subprocess.run([*cmd, variants, f"--out={out}"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -31,3 +32,4 @@ def test_learner_throughput_benchmark_runs_on_a_cpu(tmp_path):
     # same numbers at real positions) and, under bfloat16 autocast, LoRA inputs left uncast (exact round trips)
     assert by["full"]["logprob_gap_vs"] == {"full.old": 0.0}
     assert by["lorabf16"]["logprob_gap_vs"] == {"lorabf16.old": 0.0}
+    assert len(by["lorabf16"]["paired_off_s"]) == len(by["lorabf16"]["paired_on_s"]) == 1
