@@ -160,7 +160,7 @@ class Policy:
         model = self.wrapped if model is None else model
         head = model_head(model) if self.cfg.chunked_logprobs and not self.partitioned else None
         # A right-padded batch runs without its mask (right_padded), on a CPU too: there SDPA's flash kernel gives
-        # the same numbers at the real positions either way (measured: bit-identical), 3% faster without the mask.
+        # the same numbers at the real positions either way (measured: bit-identical), its attention 3% faster.
         mask = None if right_padded(attention_mask) else attention_mask
         with self.autocast():
             if head is None:
@@ -279,11 +279,11 @@ class Policy:
 
 
 def keep_adapter_inputs_uncast(model) -> None:
-    """PEFT casts each LoRA layer's input to the adapter's dtype (float32) before the adapter's matmuls, which
-    autocast then casts back to bfloat16: two copies of every adapted layer's input (and two of its gradient) per
-    call, ~11k copies per step at the 0.5B shape. Under bfloat16 autocast both casts are exact (bfloat16 -> float32
-    -> bfloat16), so leaving the input in its dtype computes the same numbers without them. For a learner under
-    autocast only (`Policy.autocast`), the adapter's only callers."""
+    """PEFT casts each LoRA layer's bfloat16 input to the adapter's float32 before the adapter's matmuls, and
+    autocast casts it straight back to bfloat16: at the 0.5B shape 2,814 of a 16-sequence step's 11,913 copies
+    (0.4-0.8 s of ~21 s). Under bfloat16 autocast both casts are exact (bfloat16 -> float32 -> bfloat16), so the
+    input left in its dtype gives the same numbers without them. For a learner under autocast only
+    (`Policy.autocast`, the adapter's only caller)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     for m in model.modules():
