@@ -4,6 +4,9 @@ log-probs), on CUDA at the real shapes and on a CPU at a small one, with each sp
     python benchmarks/learner_throughput.py --device cuda --shape 0.5b --out /tmp/lt.json     # one GPU
     python benchmarks/learner_throughput.py --device cuda --shape 1.5b --variants full,lora
     python benchmarks/learner_throughput.py --device cpu --shape tiny --steps 1 --warmup 1   # the logic, on a CPU
+    python benchmarks/learner_throughput.py --device cpu --shape 0.5b --micro-batch 4 --micro-batches 4 \
+        --seq 316 --min-len 314 --prompt-len 58 --warmup 1 --steps 3 --peak-tflops 0.964 \
+        --variants lorabf16.old,lorabf16,lorabf16.compile   # the 0.5B side-by-side's learner, 16 of its 64 sequences
 
 Ray is not started: each variant runs in its own process as one Ray Train worker would (`ray.train.get_context` and
 `ray.train.torch.get_device` answer for a 1-rank group; torch.distributed is initialised with world size 1, NCCL on
@@ -11,22 +14,28 @@ CUDA, gloo on a CPU). tests/gpu/test_gpu_learner.py covers the real Ray Train pa
 
 A variant is a setting and its levers, `SETTING[.LEVER...]`:
 - settings: `full` (the GPU profile: DeepSpeed ZeRO-2, bfloat16 weights with float32 masters; on a CPU: DDP,
-  float32) and `lora` (profile=lora: r 16, alpha 32, every linear kind, bfloat16 base under autocast);
-- `old`: the learner before the levers of docs/learner_speed.md: 64 MiB head chunks (110 tokens at 152k vocabulary),
-  the attention mask always passed, torch's default (multi-tensor) AdamW; `-chunk`, `-nomask`, `-fusedadam` turn one
-  of them back alone;
-- `compile`: learner.compile=true (every decoder layer compiled, and on CUDA the head's chunk math fused);
+  float32) and `lora` (profile=lora: r 16, alpha 32, every linear kind, bfloat16 base under autocast; on a CPU
+  float32), and on a CPU `lorabf16` (the 0.5B side-by-side's learner: bfloat16 base under autocast);
+- `old`: the learner before the levers of docs/learner_speed.md and of docs/benchmarks.md ("The CPU learner's
+  levers"): 64 MiB head chunks (110 tokens at 152k vocabulary), the attention mask always passed,
+  torch's default (multi-tensor) AdamW, PEFT casting each adapter's input to float32; `-chunk`, `-nomask`,
+  `-fusedadam`, `-peftcast` turn one of them back alone;
+- `compile`: learner.compile=true (every decoder layer compiled, and the head's chunk math fused);
 - `mb16`: one micro-batch of 16 sequences instead of two of 8;
 - `zero0`, `zero1`: DeepSpeed's ZeRO stage 0 or 1 instead of 2 (one GPU has nothing to partition).
 
 A step is `--micro-batches` x `--micro-batch` sequences of up to `--seq` tokens (default 2 x 8 x 1,024): a
 `--prompt-len` prompt (no loss), then 3/16-of-seq action segments and 1/16-of-seq tool-result segments alternating
-to the end; `--ragged` draws each sequence's length uniformly in [seq/2, seq] (right-padded, as real batches are).
+to the end; `--ragged` draws each sequence's length uniformly in [seq/2, seq] (right-padded, as real batches are),
+`--min-len L` in [L, seq] (the 0.5B side-by-side's batches: prompts of 57-59 tokens + 256 sampled, `--min-len 314
+--seq 316`).
 FLOPs per step, T = real tokens, S = scored tokens (action + env targets), N_body = decoder parameters and final
 norm, N_head = vocab x hidden: full fine-tune 6*N_body*T + 6*N_head*S; LoRA 4*N_body*T + 4*N_head*S + 6*N_lora*T
 (frozen weights have no weight gradient). Attention's T^2 matmuls and the head's recomputation in backward are not
 counted. MFU = FLOPs / median step / `--peak-tflops` (790: an H200's measured dense bfloat16 rate, the number the
 earlier measurements used); `matmul_tflops` is this device's own bfloat16 8192^3 matmul rate, measured first.
+`--paired N` then runs N steps with the exact eager levers (`-nomask`, `-peftcast`) off and N on, alternating in the
+same process (`paired_off_s`, `paired_on_s`): at a few percent they are below the spread between processes.
 Each variant also records its log-probs of the first micro-batch before any update; `logprob_gap_vs` is the largest
 difference at scored positions against the setting's first variant (the levers must not change the numbers beyond
 bfloat16 kernel rounding).
@@ -57,11 +66,13 @@ SETTINGS = {
     "cpu": {
         "full": ["profile=cpu", "learner.backend=ddp"],
         "lora": ["profile=lora", "learner.bf16=false", "learner.lora.r=16"],
+        # the 0.5B side-by-side's learner on a CPU with native bfloat16: bfloat16 base, autocast, r 16
+        "lorabf16": ["profile=lora", "learner.bf16=true", "model.dtype=bfloat16", "learner.lora.r=16"],
     },
 }
 CHILD_ARGS = ("device", "shape", "micro_batch", "micro_batches", "seq", "prompt_len", "warmup", "steps", "profile")
-CHILD_ARGS += ("peak_tflops",)
-LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "compile", "mb16", "zero0", "zero1")
+CHILD_ARGS += ("peak_tflops", "min_len", "paired")
+LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "compile", "mb16", "zero0", "zero1")
 SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000),
@@ -101,7 +112,8 @@ def batch_groups(args, vocab: int):
     for p in range(0, n, 8):
         trajs = []
         for s in range(min(8, n - p)):
-            length = args.seq if not args.ragged else int(torch.randint(args.seq // 2, args.seq + 1, (1,), generator=g))
+            shortest = args.seq // 2 if args.ragged else (args.min_len or args.seq)
+            length = int(torch.randint(shortest, args.seq + 1, (1,), generator=g)) if shortest < args.seq else args.seq
             roles = [0] * args.prompt_len
             while len(roles) < length:
                 roles += [1] * action + [2] * env
@@ -151,13 +163,15 @@ def apply_levers(levers: list[str]) -> None:
     """`old` and the `-X` levers put the learner's code back as it was before each lever (module attributes)."""
     from agentrl_ray.learner import chunked_logprobs, policy
 
-    off = set(levers) if "old" not in levers else {"-chunk", "-nomask", "-fusedadam"}
+    off = set(levers) if "old" not in levers else {"-chunk", "-nomask", "-fusedadam", "-peftcast"}
     if "-chunk" in off:
         chunked_logprobs.CUDA_CHUNK_ELEMENTS = chunked_logprobs.CHUNK_ELEMENTS
     if "-nomask" in off:
         policy.right_padded = lambda mask: False
     if "-fusedadam" in off:
         policy.FUSED_ADAMW_ON_GPU = False
+    if "-peftcast" in off:
+        policy.LORA_INPUT_UNCAST = False
 
 
 def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
@@ -208,6 +222,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
         update(policy, groups, cfg, step=i, pad_id=0)
         sync()
         times.append(time.perf_counter() - t0)
+    paired = paired_exact_levers(policy, lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired)
     profile = profile_step(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.profile) if args.profile else []
 
     params = dict(policy.module.named_parameters())
@@ -240,7 +255,32 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
         "mfu": round(flops / step_s / 1e12 / args.peak_tflops, 4),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
         "top_kernels": profile,
+        **paired,
     }
+
+
+def paired_exact_levers(policy, step, pairs: int) -> dict:
+    """`pairs` steps with the exact eager levers (`-nomask`, `-peftcast`) off and as many on, alternating in this
+    process (ABBA order): their few percent are below the spread between processes, not below a step's."""
+    if not pairs:
+        return {}
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from agentrl_ray.learner import policy as policy_module
+
+    right_padded = policy_module.right_padded
+    adapters = [m for m in policy.module.modules() if isinstance(m, BaseTunerLayer)]
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(pairs):
+        for on in (False, True) if i % 2 == 0 else (True, False):
+            policy_module.right_padded = right_padded if on else (lambda mask: False)
+            for m in adapters:  # True: PEFT casts the input to the adapter's dtype
+                m.cast_input_dtype_enabled = not (on and policy.cfg.bf16)
+            t0 = time.perf_counter()
+            step()
+            times[on].append(round(time.perf_counter() - t0, 4))
+    policy_module.right_padded = right_padded
+    return {"paired_off_s": times[False], "paired_on_s": times[True]}
 
 
 def profile_step(step, top: int) -> list[dict]:
@@ -307,9 +347,11 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--ragged", action="store_true", help="lengths uniform in [seq/2, seq], right-padded")
+    p.add_argument("--min-len", type=int, default=0, help="lengths uniform in [min-len, seq], right-padded")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--profile", type=int, default=0, help="top operations of one profiled step (0: none)")
+    p.add_argument("--paired", type=int, default=0, help="then N steps each with -nomask,-peftcast off/on, ABBA")
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--budget-s", type=float, default=1e9, help="start no variant after this many seconds")
     p.add_argument("--out", type=Path)

@@ -149,9 +149,9 @@ class LearnerConfig:
     compile: bool = False
     """Compile each decoder layer with `torch.compile` (inductor, dynamic shapes: one compiled graph serves every
     layer, micro-batch and sequence length), fusing the layer's non-matmul work (norms, rotary, activations, LoRA's
-    extra matmuls and adds). The first step pays the compilation (tens of seconds on a few cores; inductor caches it
-    on disk for the next run); on a CPU it needs a C++ compiler. Not with ZeRO-3 (partitioned parameters). Measured
-    in docs/benchmarks.md."""
+    extra matmuls and adds) and the head's log-softmax chunks. The first step pays the compilation (tens of seconds
+    on a few cores; inductor caches it on disk for the next run); on a CPU it needs a C++ compiler. Not with ZeRO-3
+    (partitioned parameters). Measured in docs/benchmarks.md."""
     offload_optimizer: bool = False
     """DeepSpeed only: keep optimizer state (and the fp32 master weights) in CPU memory, stepped by DeepSpeed's CPU
     Adam (`zero_optimization.offload_optimizer`)."""

@@ -82,14 +82,16 @@ def test_steps_change_weights_then_resume_continues(local_ray, builtin_model_pat
         ["learner.backend=deepspeed", "learner.zero_stage=2", "learner.num_workers=2"],
         ["profile=lora", "learner.lora.r=4", "learner.lora.quantize=nf4", "learner.bf16=true"],
         ["profile=lora", "learner.lora.r=4", "learner.compile=true"],
+        ["profile=lora", "learner.lora.r=4", "learner.bf16=true", "model.dtype=bfloat16"],
     ],
-    ids=["deepspeed-zero2-2-workers", "qlora", "lora-compiled"],
+    ids=["deepspeed-zero2-2-workers", "qlora", "lora-compiled", "lora-bf16"],
 )
 def test_other_learner_setups_train(local_ray, builtin_model_path, tmp_path, variant):
     """DeepSpeed ZeRO-2 over gloo with two learner ranks, QLoRA (an NF4 base in the learner, bitsandbytes on CPU;
     the engines keep full weights) and LoRA with compiled decoder layers (`learner.compile`, inductor in the Ray
-    Train worker), both with adapter-only sync: real steps, new weights, and a resume from their checkpoint
-    (DeepSpeed's own optimizer shards, or the adapter). Plain LoRA runs the path these two share (and trains in
+    Train worker) or on a bfloat16 base under autocast (its adapters' inputs left uncast, `policy.py`), these with
+    adapter-only sync: real steps, new weights, and a resume from their checkpoint (DeepSpeed's own optimizer
+    shards, or the adapter). Plain LoRA runs the path these two share (and trains in
     test_use_trained.py); its own case here repeated it."""
     overrides = [*SMALL, *variant, f"run.output_dir={tmp_path}", "run.name=v", "run.checkpoint_every=0"]
     cfg = load_config(None, [*overrides, "run.steps=2"])

@@ -171,7 +171,7 @@ def test_lora_on_a_bf16_base_trains_a_float32_adapter():
 
 
 def test_fused_chunks_equal_the_eager_ones():
-    """`fused` (learner.compile on a GPU): each chunk's softmax math compiled by torch.compile gives the eager path's
+    """`fused` (learner.compile): each chunk's softmax math compiled by torch.compile gives the eager path's
     log-probs, entropy and gradients, at a temperature, with a short last chunk (dynamic shapes) and `needed`."""
     case = _case(torch.float32, bsz=2, seqlen=13, width=16, vocab=60)
     needed = torch.rand(2, 13, generator=torch.Generator().manual_seed(1)) > 0.3
@@ -193,7 +193,7 @@ def test_chunks_are_larger_on_a_gpu():
 
 
 def test_a_right_padded_batch_needs_no_mask():
-    """What the learner relies on to drop the mask on a GPU: under causal attention, a right-padded batch's real
+    """What the learner relies on to drop the mask: under causal attention, a right-padded batch's real
     positions get the same log-probs with and without the attention mask; other paddings are not `right_padded`."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -215,3 +215,75 @@ def test_a_right_padded_batch_needs_no_mask():
         masked = token_logprobs_and_entropy(model(input_ids=ids, attention_mask=mask).logits, ids)[0]
         unmasked = token_logprobs_and_entropy(model(input_ids=ids).logits, ids)[0]
     torch.testing.assert_close(unmasked[mask.bool()], masked[mask.bool()], rtol=1e-5, atol=1e-5)
+
+
+def _tiny_lora_bf16(seed=0):
+    """A 2-layer Qwen2 in bfloat16 with a nonzero float32 LoRA on every linear kind (the CPU learner's lorabf16)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    kinds = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = get_peft_model(Qwen2ForCausalLM(cfg).to(torch.bfloat16), LoraConfig(r=4, target_modules=kinds))
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.1)
+    return model
+
+
+def _lora_logprobs_and_grads(model, ids, mask, upstream):
+    """The learner's bf16 LoRA path (autocast, chunked head on the hidden states): log-probs and adapter grads."""
+    from agentrl_ray.learner.policy import hidden_states_out, model_head
+
+    head = model_head(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with hidden_states_out(head):
+            hidden = model(input_ids=ids, attention_mask=mask).logits
+        logp, _ = hidden_token_logprobs(hidden, head.weight, ids, chunk=5)
+    (logp * upstream).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return logp.detach(), grads
+
+
+def test_uncast_adapter_inputs_compute_the_same_numbers():
+    """`keep_adapter_inputs_uncast` (the learner under bf16 autocast): PEFT no longer casts each adapted layer's
+    bfloat16 input to float32 for autocast to cast back, and log-probs and every adapter gradient are bit-identical
+    to PEFT's casting path (both casts are exact)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from agentrl_ray.learner.policy import keep_adapter_inputs_uncast
+
+    model = _tiny_lora_bf16()
+    ids, mask = torch.randint(1, 97, (3, 11)), torch.ones(3, 11, dtype=torch.long)
+    upstream = torch.randn(3, 11)
+    logp_a, grads_a = _lora_logprobs_and_grads(model, ids, mask, upstream)
+    keep_adapter_inputs_uncast(model)
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    assert len(layers) == 14 and not any(m.cast_input_dtype_enabled for m in layers)
+    logp_b, grads_b = _lora_logprobs_and_grads(model, ids, mask, upstream)
+    assert torch.equal(logp_a, logp_b)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) == 28
+    for n in grads_a:
+        assert grads_a[n].dtype == torch.float32 and torch.equal(grads_a[n], grads_b[n]), n
+
+
+def test_a_right_padded_bf16_lora_batch_trains_the_same_without_its_mask():
+    """The CPU learner drops a right-padded batch's mask: in bfloat16 under autocast, with LoRA, the log-probs at
+    real positions and the adapter gradients of a loss over them are the masked run's (float rounding aside)."""
+    model = _tiny_lora_bf16(seed=1)
+    lengths = torch.tensor([11, 8, 10])
+    mask = (torch.arange(11)[None] < lengths[:, None]).long()  # (3, 11)
+    ids = torch.randint(1, 97, (3, 11)) * mask
+    upstream = torch.randn(3, 11) * mask  # a loss over the real positions only, as the learner's
+    logp_m, grads_m = _lora_logprobs_and_grads(model, ids, mask, upstream)
+    logp_u, grads_u = _lora_logprobs_and_grads(model, ids, None, upstream)
+    real = mask.bool()
+    torch.testing.assert_close(logp_u[real], logp_m[real], rtol=1e-2, atol=1e-2)
+    for n in grads_m:
+        gm, gu = grads_m[n], grads_u[n]
+        assert (gu - gm).norm() <= 1e-2 * gm.norm() + 1e-6, n
