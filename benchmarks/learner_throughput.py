@@ -18,8 +18,9 @@ A variant is a setting and its levers, `SETTING[.LEVER...]`:
   float32), and on a CPU `lorabf16` (the 0.5B side-by-side's learner: bfloat16 base under autocast);
 - `old`: the learner before the levers of docs/learner_speed.md and of docs/benchmarks.md ("The CPU learner's
   levers"): 64 MiB head chunks (110 tokens at 152k vocabulary), the attention mask always passed,
-  torch's default (multi-tensor) AdamW, PEFT casting each adapter's input to float32; `-chunk`, `-nomask`,
-  `-fusedadam`, `-peftcast` turn one of them back alone;
+  torch's default (multi-tensor) AdamW, PEFT casting each adapter's input to float32, the NaN/inf guard checking
+  each gradient tensor with a host sync of its own; `-chunk`, `-nomask`, `-fusedadam`, `-peftcast`, `-gradcheck`
+  turn one of them back alone;
 - `compile`: learner.compile=true (every decoder layer compiled, and the head's chunk math fused);
 - `mb16`: one micro-batch of 16 sequences instead of two of 8;
 - `zero0`, `zero1`: DeepSpeed's ZeRO stage 0 or 1 instead of 2 (one GPU has nothing to partition).
@@ -72,7 +73,7 @@ SETTINGS = {
 }
 CHILD_ARGS = ("device", "shape", "micro_batch", "micro_batches", "seq", "prompt_len", "warmup", "steps", "profile")
 CHILD_ARGS += ("peak_tflops", "min_len", "paired")
-LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "compile", "mb16", "zero0", "zero1")
+LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "compile", "mb16", "zero0", "zero1")
 SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000),
@@ -161,9 +162,9 @@ def stand_in_for_ray_train(device) -> None:
 
 def apply_levers(levers: list[str]) -> None:
     """`old` and the `-X` levers put the learner's code back as it was before each lever (module attributes)."""
-    from agentrl_ray.learner import chunked_logprobs, policy
+    from agentrl_ray.learner import chunked_logprobs, guards, policy
 
-    off = set(levers) if "old" not in levers else {"-chunk", "-nomask", "-fusedadam", "-peftcast"}
+    off = set(levers) if "old" not in levers else {"-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck"}
     if "-chunk" in off:
         chunked_logprobs.CUDA_CHUNK_ELEMENTS = chunked_logprobs.CHUNK_ELEMENTS
     if "-nomask" in off:
@@ -172,6 +173,8 @@ def apply_levers(levers: list[str]) -> None:
         policy.FUSED_ADAMW_ON_GPU = False
     if "-peftcast" in off:
         policy.LORA_INPUT_UNCAST = False
+    if "-gradcheck" in off:
+        guards.ONE_NORM_CHECK = False
 
 
 def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:

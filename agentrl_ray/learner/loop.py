@@ -77,9 +77,10 @@ def _train_loop(config: dict[str, Any]) -> None:
         set_rng_state(state["rng"])
     # Weights are read on every rank (a collective gather under ZeRO-3); rank 0 pushes them. So do evaluations.
     # A learner Ray Train restarted before its first checkpoint finds engines holding the dead one's weights.
+    on_device = getattr(sender, "device_tensors", False)  # the IPC sender packs the weights on the GPU itself
     pushed_before = broadcast_groups(rank == 0 and start == 0 and any(pool.versions()), world)
     if start > 0 or pushed_before:  # give the engines the checkpoint's (or the base model's) weights
-        named = policy.named_tensors_for_sync()
+        named = policy.named_tensors_for_sync(on_device)
         if rank == 0:
             sender.push(named, start)
     elif cfg.run.eval_at_start:
@@ -103,7 +104,7 @@ def _train_loop(config: dict[str, Any]) -> None:
         guards.check_consecutive(nonfinite_in_a_row, cfg.learner.max_nonfinite_steps, step)
         # sync: every rank reads the weights (the ZeRO-3 gather, counted as sync time), rank 0 pushes them
         t0 = time.perf_counter()
-        named = policy.named_tensors_for_sync()
+        named = policy.named_tensors_for_sync(on_device)
         t_wait, t_sync = 0.0, time.perf_counter() - t0
         sync_metrics: dict[str, float] = {}
         if rank == 0:

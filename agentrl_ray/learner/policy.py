@@ -211,11 +211,15 @@ class Policy:
 
     # ---------------------------------------------------------------- weights
 
-    def full_named_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        """The whole model's tensors (Hugging Face names) on rank 0, [] on the others. Under ZeRO-3 a collective:
-        every rank must call it (the gather runs in bounded groups, `zero.gathered_named_tensors`)."""
+    def full_named_tensors(self, on_device: bool = False) -> list[tuple[str, torch.Tensor]]:
+        """The whole model's tensors (Hugging Face names) on rank 0, [] on the others: copies in host memory, or
+        with `on_device` the model's own tensors where they are (a sender that packs them on the GPU itself). Under
+        ZeRO-3 a collective: every rank must call it (the gather runs in bounded groups,
+        `zero.gathered_named_tensors`)."""
         if not self.partitioned:
-            return [(n, t.detach().cpu()) for n, t in self.module.state_dict().items()] if self.rank == 0 else []
+            if self.rank != 0:
+                return []
+            return [(n, t.detach() if on_device else t.detach().cpu()) for n, t in self.module.state_dict().items()]
         named = zero.gathered_named_tensors(self.module)
         if self.rank == 0:
             return list(named)
@@ -223,12 +227,14 @@ class Policy:
             pass
         return []
 
-    def named_tensors_for_sync(self) -> list[tuple[str, torch.Tensor]]:
-        """What rank 0 pushes to the engines: the full weights, or with LoRA only the A/B tensors; [] on the other
-        ranks. Every rank must call it (a collective under ZeRO-3)."""
+    def named_tensors_for_sync(self, on_device: bool = False) -> list[tuple[str, torch.Tensor]]:
+        """What rank 0 pushes to the engines: the full weights, or with LoRA only the A/B tensors (in host memory:
+        the engine merges them there); [] on the other ranks. `on_device`: the full weights stay on the learner's
+        device (`sync.sender.IpcSender` packs them there; a copy to host memory first would cost ~0.84 s per GB).
+        Every rank must call it (a collective under ZeRO-3)."""
         if self.lora_scaling is not None:
             return lora_tensors(self.module) if self.rank == 0 else []
-        return self.full_named_tensors()
+        return self.full_named_tensors(on_device)
 
     def save(self, path: Path, extra_state: dict[str, Any], tokenizer) -> None:
         """HF-format model (or LoRA adapter) + tokenizer + optimizer/trainer state, into `path`. Every rank calls it:

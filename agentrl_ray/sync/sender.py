@@ -99,7 +99,11 @@ class CollectiveSender:
 
 class IpcSender:
     """CUDA IPC handles of buckets on rank 0's GPU, opened in place by the engines sharing it (`sync/ipc.py`).
-    `time/sync_s` holds the pack and every engine's load (the learner waits: its buffers must outlive the loads)."""
+    `time/sync_s` holds the pack and every engine's load (the learner waits: its buffers must outlive the loads).
+    It takes the learner's full weights where they are (`device_tensors`): packed on the GPU, never through host
+    memory."""
+
+    device_tensors = True
 
     def __init__(self, bucket_bytes: int, lora_scaling: float | None = None, engine_dtype: torch.dtype | None = None):
         self.bucket_bytes = bucket_bytes

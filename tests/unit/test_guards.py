@@ -71,3 +71,30 @@ def test_consecutive_skips_stop_the_run_clearly():
         guards.check_consecutive(3, 3, step=11)
     with pytest.raises(ConfigError, match="learner.max_nonfinite_steps must be at least 1"):
         load_config(overrides=["learner.max_nonfinite_steps=0"])
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf"), None])
+def test_the_one_norm_check_agrees_with_a_check_per_tensor(poison, monkeypatch):
+    """The guard reads the gradients through one total norm (one host sync); a NaN or inf in any one of many
+    tensors, of either dtype, is caught as the check per tensor catches it, and clean gradients pass both."""
+
+    class ManyGrads:
+        def __init__(self):
+            g = torch.Generator().manual_seed(1)
+            self.module = torch.nn.ParameterList(
+                [torch.nn.Parameter(torch.randn(5, 3, generator=g).to(dtype)) for dtype in [torch.float32] * 40]
+                + [torch.nn.Parameter(torch.randn(7, generator=g).to(torch.bfloat16)) for _ in range(20)]
+            )
+            for p in self.module:
+                p.grad = torch.randn_like(p) * 1e3
+            if poison is not None:
+                self.module[45].grad[3] = poison  # one bfloat16 tensor, one element
+            self.device = torch.device("cpu")
+
+    policy = ManyGrads()
+    monkeypatch.setattr(guards, "ONE_NORM_CHECK", True)
+    one = guards.step_is_finite(policy, True)
+    monkeypatch.setattr(guards, "ONE_NORM_CHECK", False)
+    each = guards.step_is_finite(policy, True)
+    assert one == each == (poison is None)
+    assert guards.step_is_finite(policy, False) is False  # a non-finite loss decides alone

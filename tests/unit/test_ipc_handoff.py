@@ -94,3 +94,35 @@ def test_receiver_merges_an_ipc_lora_update(builtin_model_path):
 def test_a_gpu_the_engine_cannot_see_is_named():
     with pytest.raises(RuntimeError, match="GPU GPU-0000 is not visible to this engine; sync.transport=ipc needs"):
         local_device_index("GPU-0000")
+
+
+def test_the_ipc_sender_takes_the_learners_own_tensors_and_the_others_host_copies(builtin_model_path, monkeypatch):
+    """learner/loop.py asks the sender where the weights should be: the IPC sender packs them on the learner's GPU
+    itself (the model's own tensors, no trip through host memory); every other sender gets them in host memory. On a
+    CPU learner host memory is where they are (`.cpu()` copies nothing): tests/gpu/test_gpu_learner.py checks
+    that a GPU learner's host copies are copies."""
+    import ray.train
+    import ray.train.torch
+
+    from agentrl_ray.infra.profiles import load_config
+    from agentrl_ray.learner.policy import Policy
+    from agentrl_ray.sync.sender import IpcSender, ObjectStoreSender
+
+    class RankZeroOfOne:
+        def get_world_rank(self):
+            return 0
+
+        def get_world_size(self):
+            return 1
+
+    monkeypatch.setattr(ray.train, "get_context", RankZeroOfOne)
+    monkeypatch.setattr(ray.train.torch, "get_device", lambda: torch.device("cpu"))
+    cfg = load_config(None, ["profile=cpu", "learner.backend=ddp"])
+    policy = Policy(builtin_model_path, cfg.model, cfg.learner, need_reference=False)
+    own = {n: t.data_ptr() for n, t in policy.module.state_dict().items()}
+    for sender, shared in ((IpcSender(2**20), True), (ObjectStoreSender(), False)):
+        named = policy.named_tensors_for_sync(getattr(sender, "device_tensors", False))
+        assert [n for n, _ in named] == list(own)
+        assert all(t.device.type == "cpu" for _, t in named)
+        if shared:
+            assert all(t.data_ptr() == own[n] for n, t in named)
