@@ -120,7 +120,10 @@ def _preset(profile: str, hardware: Hardware) -> dict[str, Any]:
                 "zero_stage": 2,
                 "use_gpu": True,
                 "num_workers": 0,
-                "micro_batch_size": 4,
+                # Micro-batches sized by tokens: as much memory as 4 sequences of max_total_tokens at most (the fixed 4
+                # of before), but short sequences share a micro-batch (fewer, larger kernels: docs/learner_speed.md).
+                "micro_batch_size": 32,
+                "micro_batch_tokens": 4 * GPU_TOKEN_BUDGETS["max_total_tokens"],
             },
             "sync": {"transport": "collective"},
         }

@@ -3,6 +3,7 @@ broadcast to every rank."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -51,6 +52,27 @@ def shard(batch: TrainBatch, rank: int, world_size: int) -> TrainBatch:
     n = len(batch)
     bounds = [n * r // world_size for r in range(world_size + 1)]
     return batch.slice(bounds[rank], bounds[rank + 1])
+
+
+def micro_batch_count(batch: TrainBatch, world: int, size: int, tokens: int = 0) -> int:
+    """How many micro-batches every rank runs (all ranks the same, each rank's shard of the step's `batch`): enough
+    that none holds more than `size` sequences and, with `tokens` > 0, none more than `tokens` padded tokens (its
+    rows times its longest, as `micro_batches` splits them), down to one sequence per micro-batch. A batch of short
+    sequences then trains in few large micro-batches and one of long sequences in many small ones."""
+    shards = [shard(batch, r, world) for r in range(world)]
+    n = max(1, *(math.ceil(len(s) / size) for s in shards))
+    if tokens > 0:
+        for s in shards:
+            lengths = sorted(s.attention_mask.sum(dim=1).tolist())
+            while n < len(lengths) and _largest_padded(lengths, n) > tokens:
+                n += 1
+    return n
+
+
+def _largest_padded(lengths: list[int], num: int) -> int:
+    """The largest (rows x longest) of `micro_batches`' split of rows of these sorted lengths into `num`."""
+    bounds = [len(lengths) * i // num for i in range(num + 1)]
+    return max((stop - start) * lengths[stop - 1] for start, stop in zip(bounds, bounds[1:]) if stop > start)
 
 
 def micro_batches(batch: TrainBatch, num: int) -> list[tuple[TrainBatch, float]]:

@@ -3,14 +3,13 @@ the ECHO cross-entropy on environment tokens)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from agentrl_ray.config import Config
-from agentrl_ray.learner.batching import broadcast_groups, build_batch, micro_batches, shard
+from agentrl_ray.learner.batching import broadcast_groups, build_batch, micro_batch_count, micro_batches, shard
 from agentrl_ray.learner.feed import RolloutFeed
 from agentrl_ray.learner.policy import Policy
 from agentrl_ray.rewards.eval_stats import training_eval_metrics
@@ -101,7 +100,7 @@ def echo_ce(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, pad_id: 
     if batch.env_mask.sum() == 0:
         return None
     mine = shard(batch, rank, world)
-    n_micro = math.ceil(max(len(shard(batch, r, world)) for r in range(world)) / cfg.learner.micro_batch_size)
+    n_micro = micro_batch_count(batch, world, cfg.learner.micro_batch_size, cfg.learner.micro_batch_tokens)
     sums = torch.zeros(2, dtype=torch.float64)  # (negative log-likelihood, token count)
     for mb, weight in micro_batches(mine, n_micro):
         mb = mb.to(policy.device)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 
 import torch
@@ -10,7 +9,7 @@ import torch
 from agentrl_ray.algorithms import LossNorm, compute_loss, echo_coeff_at
 from agentrl_ray.config import Config
 from agentrl_ray.learner import guards
-from agentrl_ray.learner.batching import build_batch, micro_batches, shard
+from agentrl_ray.learner.batching import build_batch, micro_batch_count, micro_batches, shard
 from agentrl_ray.learner.policy import Policy
 from agentrl_ray.learner.schedule import lr_at
 from agentrl_ray.types import TrajectoryGroup
@@ -26,7 +25,7 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
     # Counts over the whole step's batch (every rank holds it), so the loss is split-invariant.
     norm = LossNorm.of(full.action_mask, full.env_mask, a.loss_norm_constant or cfg.rollout.max_total_tokens, world)
     mine = shard(full, rank, world)
-    n_micro = math.ceil(max(len(shard(full, r, world)) for r in range(world)) / lc.micro_batch_size)
+    n_micro = micro_batch_count(full, world, lc.micro_batch_size, lc.micro_batch_tokens)
     mbs = [(mb.to(policy.device), w) for mb, w in micro_batches(mine, n_micro)]
     coeff = echo_coeff_at(cfg.echo, step)
     old = [mb.rollout_logprobs for mb, _ in mbs]

@@ -105,17 +105,20 @@ def _decoder_layers(model):
     return list(model.get_base_model().model.layers)
 
 
-def test_a_missing_cpp_compiler_is_reported_before_any_step(builtin_model_path, monkeypatch):
+def test_a_missing_cpp_compiler_is_reported_before_any_step(builtin_model_path):
     from torch._inductor import config as inductor_config
     from torch._inductor import cpp_builder
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", ("/nonexistent/g++",))
+    # inductor's own patch(), not monkeypatch: monkeypatch's undo left `cpp.cxx` missing from inductor's config, and
+    # every later CPU compile in the process failed ("torch._inductor.config.cpp.cxx does not exist")
     cpp_builder.cpp_compiler_search.cache_clear()
     try:
-        with pytest.raises(RuntimeError, match="learner.compile=true on a CPU needs a C\\+\\+ compiler"):
-            compile_layers(_lora_model(builtin_model_path), torch.device("cpu"))
+        with inductor_config.patch({"cpp.cxx": ("/nonexistent/g++",)}):
+            with pytest.raises(RuntimeError, match="learner.compile=true on a CPU needs a C\\+\\+ compiler"):
+                compile_layers(_lora_model(builtin_model_path), torch.device("cpu"))
     finally:
         cpp_builder.cpp_compiler_search.cache_clear()
+    assert inductor_config.cpp.cxx != ("/nonexistent/g++",)
 
 
 def test_compile_under_zero3_is_refused():
