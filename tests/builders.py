@@ -72,3 +72,20 @@ def fit_one_learner_worker(train_fn, loop_config: dict, storage: Path, *, name: 
     if result.error is not None:
         raise result.error
     return result
+
+
+def as_ray_train_rank_zero(monkeypatch, device) -> None:
+    """This process as the only worker of a Ray Train group on `device` (what `Policy` asks `ray.train` for), so a
+    learner `Policy` can be built in a test without a TorchTrainer."""
+    import ray.train
+    import ray.train.torch
+
+    class RankZeroOfOne:
+        def get_world_rank(self) -> int:
+            return 0
+
+        def get_world_size(self) -> int:
+            return 1
+
+    monkeypatch.setattr(ray.train, "get_context", RankZeroOfOne)
+    monkeypatch.setattr(ray.train.torch, "get_device", lambda: device)

@@ -230,22 +230,13 @@ def test_learner_update_on_gpu(setting, local_ray, builtin_model_path, tmp_path)
 def test_the_ipc_sender_gets_the_learners_gpu_tensors_and_the_others_host_copies(builtin_model_path, monkeypatch):
     """learner/loop.py hands the IPC sender the model's own CUDA tensors (it packs them on the GPU: no trip through
     host memory, benchmarks/ipc_handoff.py) and every other sender copies in host memory."""
-    import ray.train
-    import ray.train.torch
+    from builders import as_ray_train_rank_zero
 
     from agentrl_ray.infra.profiles import load_config
     from agentrl_ray.learner.policy import Policy
     from agentrl_ray.sync.sender import IpcSender, ObjectStoreSender
 
-    class RankZeroOfOne:
-        def get_world_rank(self):
-            return 0
-
-        def get_world_size(self):
-            return 1
-
-    monkeypatch.setattr(ray.train, "get_context", RankZeroOfOne)
-    monkeypatch.setattr(ray.train.torch, "get_device", lambda: torch.device("cuda:0"))
+    as_ray_train_rank_zero(monkeypatch, torch.device("cuda:0"))
     cfg = load_config(None, ["profile=gpu", "learner.backend=ddp", "learner.num_workers=1"])
     policy = Policy(builtin_model_path, cfg.model, cfg.learner, need_reference=False)
     own = {n: t.data_ptr() for n, t in policy.module.state_dict().items()}

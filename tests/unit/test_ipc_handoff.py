@@ -101,22 +101,13 @@ def test_the_ipc_sender_takes_the_learners_own_tensors_and_the_others_host_copie
     itself (the model's own tensors, no trip through host memory); every other sender gets them in host memory. On a
     CPU learner host memory is where they are (`.cpu()` copies nothing): tests/gpu/test_gpu_learner.py checks
     that a GPU learner's host copies are copies."""
-    import ray.train
-    import ray.train.torch
+    from builders import as_ray_train_rank_zero
 
     from agentrl_ray.infra.profiles import load_config
     from agentrl_ray.learner.policy import Policy
     from agentrl_ray.sync.sender import IpcSender, ObjectStoreSender
 
-    class RankZeroOfOne:
-        def get_world_rank(self):
-            return 0
-
-        def get_world_size(self):
-            return 1
-
-    monkeypatch.setattr(ray.train, "get_context", RankZeroOfOne)
-    monkeypatch.setattr(ray.train.torch, "get_device", lambda: torch.device("cpu"))
+    as_ray_train_rank_zero(monkeypatch, torch.device("cpu"))
     cfg = load_config(None, ["profile=cpu", "learner.backend=ddp"])
     policy = Policy(builtin_model_path, cfg.model, cfg.learner, need_reference=False)
     own = {n: t.data_ptr() for n, t in policy.module.state_dict().items()}
