@@ -188,3 +188,24 @@ def test_the_same_row_twice_in_one_batch(setup):
     groups, _ = setup[1].sample([row, row], group_size=2, temperature=1.0, seed=4)
     assert [len(g.trajectories) for g in groups] == [2, 2]
     assert all(g.prompt_id == "dup" for g in groups)
+
+
+def test_the_ipc_handoff_benchmark_runs_on_a_cpu(local_ray, tmp_path):
+    """benchmarks/ipc_handoff.py (the colocated handoff's s/GB, docs/learner_speed.md) at a small shape: both
+    transports through the real sender, receiver and torch engine actor leave the engine holding the learner's
+    weights. On a CPU the IPC reduction carries the bytes: this checks the path, the GPU run measures it."""
+    import argparse
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import ipc_handoff
+
+    ray.cloudpickle.register_pickle_by_value(ipc_handoff)  # its actor class, for workers without benchmarks/
+    ipc_handoff.build_model(tmp_path / "model", "tiny", "cpu")
+    args = argparse.Namespace(device="cpu", repeats=1, bucket_mb=1)
+    out = ipc_handoff.handoffs(args, "tiny", tmp_path / "model")
+    assert out["tensors"] > 20 and out["gb"] > 0
+    for transport in ("ipc", "object_store"):
+        assert out[transport]["engine_equals_learner"], out[transport]["mismatched"]
+        assert len(out[transport]["s"]) == 1 and out[transport]["s_per_gb"] > 0
