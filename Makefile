@@ -29,7 +29,12 @@ test: install
 	# once, nothing compiled, into $AGENTRL_CACHE. Fetched before the tests so that tests never download; not in
 	# install, so that make run does not wait for it (export fetches it on first use).
 	$(BIN)/python -c "from agentrl_ray.trained.gguf_convert import ensure_converter; ensure_converter()"
-	$(BIN)/python -m pytest tests -v --timeout 1200 -m "not rebuild" --durations=20
+	# The unit tier (no Ray) on both cores with pytest-xdist, then the Ray and GPU tiers one test at a time (their
+	# tests start Rays and trainings that must not overlap). Both parts run; either failing fails make test.
+	status=0; \
+	$(BIN)/python -m pytest tests/unit -v -n 2 --timeout 1200 -m "not rebuild" --durations=20 || status=1; \
+	$(BIN)/python -m pytest tests --ignore=tests/unit -v --timeout 1200 -m "not rebuild" --durations=20 || status=1; \
+	exit $$status
 
 # The shipped built-in model rebuilt from its recipe on this machine and held to the same warm-start gate (~10 min on
 # 2 cores): run it after changing a recipe or torch; make test checks the shipped weights themselves.

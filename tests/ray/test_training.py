@@ -1,13 +1,14 @@
 """Real training steps through the whole stack (vLLM rollouts, env actors, Ray Train learner, weight sync), then a
-resume that continues from the checkpointed step."""
+resume that continues from the checkpointed step, and a resume of the same run after a crash tore its folder."""
 
 import json
+import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl_ray.driver import train
+from agentrl_ray.driver import SNAPSHOT, train
 from agentrl_ray.infra.profiles import load_config
 
 pytestmark = pytest.mark.slow
@@ -37,12 +38,25 @@ def _records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_steps_change_weights_then_resume_continues(local_ray, builtin_model_path, tmp_path, monkeypatch):
-    # A relative output dir, as users give it: every output must land under the driver's working directory.
+@pytest.fixture(scope="module")
+def two_steps(local_ray, tmp_path_factory):
+    """The 2-step run both resume tests start from (one run, not two: a run's start is most of its cost), with a
+    copy of its folder taken before anything resumes it."""
+    cwd = tmp_path_factory.mktemp("two_steps")
+    with pytest.MonkeyPatch.context() as mp:
+        # A relative output dir, as users give it: every output must land under the driver's working directory.
+        mp.chdir(cwd)
+        cfg = load_config(None, [*SMALL, "run.output_dir=runs", "run.name=t", "run.steps=2"])
+        metrics = train(cfg)
+    pristine = tmp_path_factory.mktemp("two_steps_copy") / "t"
+    shutil.copytree(cwd / "runs" / "t", pristine)
+    return cwd, cfg, metrics, pristine
+
+
+def test_steps_change_weights_then_resume_continues(two_steps, builtin_model_path, monkeypatch):
+    tmp_path, cfg, metrics, _ = two_steps
     monkeypatch.chdir(tmp_path)
     overrides = [*SMALL, "run.output_dir=runs", "run.name=t"]
-    cfg = load_config(None, [*overrides, "run.steps=2"])
-    metrics = train(cfg)
     run_dir = tmp_path / "runs" / "t"
     assert cfg.run_dir == run_dir
     assert metrics["samples"] == 2 * 4 * 4
@@ -76,6 +90,35 @@ def test_steps_change_weights_then_resume_continues(local_ray, builtin_model_pat
     assert any(not torch.equal(ckpt2[k], ckpt3[k]) for k in ckpt3)
 
 
+def _cut(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def test_resume_after_a_torn_snapshot_checkpoint_and_metrics_line(two_steps, tmp_path):
+    """A real resume after a crash tore the run directory: Ray Train's checkpoint snapshot is cut short, the latest
+    checkpoint's weights file is truncated and metrics.jsonl ends with half a line. The resume falls back to the
+    newest checkpoint that verifies and completes every step; no traceback (agentrl_ray/run/resume.py). The torn
+    run is a copy of the 2-step run above, taken before that one resumed."""
+    run_dir = tmp_path / "torn"
+    shutil.copytree(two_steps[3], run_dir)
+    overrides = [*SMALL, f"run.output_dir={tmp_path}", "run.name=torn"]
+    _cut(run_dir / SNAPSHOT)
+    _cut(run_dir / "checkpoint_000002" / "model" / "model.safetensors")
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "rew')
+
+    metrics = train(load_config(None, [*overrides, "run.steps=3", "run.resume=true"]))
+
+    assert metrics["samples"] == 3 * 4 * 4  # resumed from checkpoint 1 (16 samples), then steps 2 and 3
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]  # the torn line cut, step 2 of the first attempt dropped and redone once
+    assert len(list(run_dir.glob("checkpoint_000002.corrupt-*"))) == 1
+    assert len(list(run_dir.glob(f"{SNAPSHOT}.corrupt-*"))) == 1
+    state = torch.load(run_dir / "checkpoint_000003" / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 3
+
+
 @pytest.mark.parametrize(
     "variant",
     [
@@ -92,14 +135,16 @@ def test_other_learner_setups_train(local_ray, builtin_model_path, tmp_path, var
     Train worker) or on a bfloat16 base under autocast (its adapters' inputs left uncast, `policy.py`), these with
     adapter-only sync: real steps, new weights, and a resume from their checkpoint (DeepSpeed's own optimizer
     shards, or the adapter). Plain LoRA runs the path these two share (and trains in
-    test_use_trained.py); its own case here repeated it."""
+    test_use_trained.py); its own case here repeated it. One step, then a resume to two: the fewest that show a
+    step, a checkpoint and a resume from it (a run's start is most of its cost; each step is a few seconds more)."""
     overrides = [*SMALL, *variant, f"run.output_dir={tmp_path}", "run.name=v", "run.checkpoint_every=0"]
-    cfg = load_config(None, [*overrides, "run.steps=2"])
+    cfg = load_config(None, [*overrides, "run.steps=1"])
     metrics = train(cfg)
-    assert metrics["samples"] == 2 * 4 * 4
-    resumed = train(load_config(None, [*overrides, "run.steps=3", "run.resume=true"]))
-    assert resumed["samples"] == 3 * 4 * 4
-    assert [r["step"] for r in _records(cfg.run_dir)] == [0, 1, 2, 3]
+    assert metrics["samples"] == 1 * 4 * 4
+    assert (cfg.run_dir / "checkpoint_000001").is_dir()
+    resumed = train(load_config(None, [*overrides, "run.steps=2", "run.resume=true"]))
+    assert resumed["samples"] == 2 * 4 * 4  # counted on from the checkpoint of step 1
+    assert [r["step"] for r in _records(cfg.run_dir)] == [0, 1, 2]
     assert all(torch.isfinite(torch.tensor(r.get("loss/policy_loss", 0.0))) for r in _records(cfg.run_dir))
     ckpt = cfg.run_dir / "checkpoint_000002"
     if cfg.learner.lora.enabled:
