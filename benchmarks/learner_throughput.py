@@ -19,7 +19,8 @@ A variant is a setting and its levers, `SETTING[.LEVER...]`:
 - `old`: the learner before the levers of docs/learner_speed.md and of docs/benchmarks.md ("The CPU learner's
   levers"): 64 MiB head chunks (110 tokens at 152k vocabulary), the attention mask always passed,
   torch's default (multi-tensor) AdamW, PEFT casting each adapter's input to float32, the NaN/inf guard checking
-  each gradient tensor with a host sync of its own; `-chunk`, `-nomask`, `-fusedadam`, `-peftcast`, `-gradcheck`
+  each gradient tensor with a host sync of its own, the head's backward recomputing its logits on a CPU (instead of
+  reading the probabilities forward kept); `-chunk`, `-nomask`, `-fusedadam`, `-peftcast`, `-gradcheck`, `-keep`
   turn one of them back alone;
 - `compile`: learner.compile=true (every decoder layer compiled, and the head's chunk math fused);
 - `mb16`: one micro-batch of 16 sequences instead of two of 8;
@@ -37,6 +38,7 @@ counted. MFU = FLOPs / median step / `--peak-tflops` (790: an H200's measured de
 earlier measurements used); `matmul_tflops` is this device's own bfloat16 8192^3 matmul rate, measured first.
 `--paired N` then runs N steps with the exact eager levers (`-nomask`, `-peftcast`) off and N on, alternating in the
 same process (`paired_off_s`, `paired_on_s`): at a few percent they are below the spread between processes.
+`--paired-keep N` does the same for the head's kept probabilities (`paired_keep_off_s`, `paired_keep_on_s`).
 Each variant also records its log-probs of the first micro-batch before any update; `logprob_gap_vs` is the largest
 difference at scored positions against the setting's first variant (the levers must not change the numbers beyond
 bfloat16 kernel rounding).
@@ -72,8 +74,9 @@ SETTINGS = {
     },
 }
 CHILD_ARGS = ("device", "shape", "micro_batch", "micro_batches", "seq", "prompt_len", "warmup", "steps", "profile")
-CHILD_ARGS += ("peak_tflops", "min_len", "paired")
-LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "compile", "mb16", "zero0", "zero1")
+CHILD_ARGS += ("peak_tflops", "min_len", "paired", "paired_keep")
+LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "-keep", "compile", "mb16")
+LEVERS += ("zero0", "zero1")
 SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000),
@@ -164,7 +167,7 @@ def apply_levers(levers: list[str]) -> None:
     """`old` and the `-X` levers put the learner's code back as it was before each lever (module attributes)."""
     from agentrl_ray.learner import chunked_logprobs, guards, policy
 
-    off = set(levers) if "old" not in levers else {"-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck"}
+    off = set(levers) if "old" not in levers else {"-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "-keep"}
     if "-chunk" in off:
         chunked_logprobs.CUDA_CHUNK_ELEMENTS = chunked_logprobs.CHUNK_ELEMENTS
     if "-nomask" in off:
@@ -175,6 +178,8 @@ def apply_levers(levers: list[str]) -> None:
         policy.LORA_INPUT_UNCAST = False
     if "-gradcheck" in off:
         guards.ONE_NORM_CHECK = False
+    if "-keep" in off:
+        chunked_logprobs.KEEP_BYTES = chunked_logprobs.CUDA_KEEP_BYTES = 0
 
 
 def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
@@ -226,6 +231,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
         sync()
         times.append(time.perf_counter() - t0)
     paired = paired_exact_levers(policy, lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired)
+    paired |= paired_keep(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_keep)
     profile = profile_step(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.profile) if args.profile else []
 
     params = dict(policy.module.named_parameters())
@@ -284,6 +290,26 @@ def paired_exact_levers(policy, step, pairs: int) -> dict:
             times[on].append(round(time.perf_counter() - t0, 4))
     policy_module.right_padded = right_padded
     return {"paired_off_s": times[False], "paired_on_s": times[True]}
+
+
+def paired_keep(step, pairs: int) -> dict:
+    """`pairs` steps with the head's backward recomputing its logits and as many reading the probabilities forward
+    kept (chunked_logprobs.KEEP_BYTES), alternating in this process (ABBA order)."""
+    if not pairs:
+        return {}
+    from agentrl_ray.learner import chunked_logprobs
+
+    before = chunked_logprobs.KEEP_BYTES, chunked_logprobs.CUDA_KEEP_BYTES
+    budget = before[0] or 1 << 30, before[1] or 8 << 30  # a GPU keeps nothing by default: 8 GiB when measuring
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(pairs):
+        for on in (False, True) if i % 2 == 0 else (True, False):
+            chunked_logprobs.KEEP_BYTES, chunked_logprobs.CUDA_KEEP_BYTES = budget if on else (0, 0)
+            t0 = time.perf_counter()
+            step()
+            times[on].append(round(time.perf_counter() - t0, 4))
+    chunked_logprobs.KEEP_BYTES, chunked_logprobs.CUDA_KEEP_BYTES = before
+    return {"paired_keep_off_s": times[False], "paired_keep_on_s": times[True]}
 
 
 def profile_step(step, top: int) -> list[dict]:
@@ -355,6 +381,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--profile", type=int, default=0, help="top operations of one profiled step (0: none)")
     p.add_argument("--paired", type=int, default=0, help="then N steps each with -nomask,-peftcast off/on, ABBA")
+    p.add_argument("--paired-keep", type=int, default=0, help="then N steps each with -keep off/on, ABBA")
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--budget-s", type=float, default=1e9, help="start no variant after this many seconds")
     p.add_argument("--out", type=Path)

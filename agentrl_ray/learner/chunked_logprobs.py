@@ -3,8 +3,11 @@
 At a real vocabulary the language-model head dominates the learner's memory: Qwen2.5-0.5B's 151,936 logits per
 token are 0.6 MB in float32, so 64 samples of 300 tokens would need 11.7 GB for the logits alone, plus as much for
 their gradient. Here the head's matmul runs chunk by chunk over tokens (logits of a chunk, float32 log-softmax,
-gather, drop), and backward recomputes each chunk's logits instead of keeping them: peak memory is one chunk's
-(chunk, V) temporaries whatever the batch, for one extra head matmul (the head is ~1/4 of a 0.5B model's FLOPs).
+gather, drop). Backward needs each token's softmax: where the call's (N, V) probabilities fit the device's keep
+budget (`keep_bytes_for`: 1 GiB on a CPU, i.e. ~3,500 scored tokens at 152k vocabulary in bfloat16) forward keeps
+them in the head's dtype and backward reads them; beyond it backward recomputes each chunk's logits, so peak memory is
+one chunk's (chunk, V) temporaries whatever the batch, for one extra head matmul and softmax pass (the head is ~1/4
+of a 0.5B model's FLOPs).
 
 Only the positions a loss reads are computed (`needed`): a prompt's tokens and padding are in no loss, and at a real
 vocabulary the head is ~1/3 of the LoRA learner's arithmetic per token (its matmul forward, again in the recompute and
@@ -24,6 +27,10 @@ CHUNK_ELEMENTS = 1 << 24  # a chunk's (tokens, V) float32 temporaries are at mos
 # On a GPU memory is plentiful and a 110-token chunk (at 152k vocabulary) starves the head's matmul and launches
 # ~10 kernels per chunk: 512 MiB chunks (883 tokens at 152k) keep the matmul large (benchmarks/learner_throughput.py).
 CUDA_CHUNK_ELEMENTS = 1 << 27
+# Forward keeps the (N, V) probabilities for backward when they fit: on a CPU that saves the recompute's head matmul
+# and float32 softmax pass (docs/benchmarks.md, "The CPU learner's levers"). 0 on a GPU: not measured there yet.
+KEEP_BYTES = 1 << 30
+CUDA_KEEP_BYTES = 0
 
 
 def chunk_tokens_for(vocab: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
@@ -38,16 +45,26 @@ def chunk_elements_for(device: torch.device) -> int:
     return CUDA_CHUNK_ELEMENTS if device.type == "cuda" else CHUNK_ELEMENTS
 
 
-def _forward_chunk(h: Tensor, w: Tensor, targets: Tensor, temperature: float, acc: torch.dtype, with_entropy: bool):
-    """One chunk's (t,) log p(target), log-normalizer and entropy (zeros(0) without): the head's matmul in w's dtype,
-    the softmax math in `acc`."""
+def keep_bytes_for(device: torch.device) -> int:
+    """The most bytes of (N, V) probabilities forward keeps for backward on `device` (beyond: recomputed)."""
+    return CUDA_KEEP_BYTES if device.type == "cuda" else KEEP_BYTES
+
+
+def _forward_chunk(
+    h: Tensor, w: Tensor, targets: Tensor, temperature: float, acc: torch.dtype, with_entropy: bool, keep: bool
+):
+    """One chunk's (t,) log p(target), log-normalizer, entropy (zeros(0) without) and, with `keep`, its (t, V)
+    probabilities in w's dtype (else zeros(0)): the head's matmul in w's dtype, the softmax math in `acc`."""
     z = _scaled_logits(h, w, acc, temperature)  # (t, V)
     lse = torch.logsumexp(z, dim=-1)
     logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
-    if not with_entropy:
-        return logp, lse, lse.new_zeros(0)
-    # H = lse - sum(p * z), p = exp(z - lse); in place: one (t, V) temporary
-    return logp, lse, lse - (z - lse[:, None]).exp_().mul_(z).sum(-1)
+    none = lse.new_zeros(0)
+    if not (with_entropy or keep):
+        return logp, lse, none, none
+    p = (z - lse[:, None]).exp_()  # p = exp(z - lse): one (t, V) temporary
+    kept = p.to(w.dtype, copy=True) if keep else none  # a copy: p changes in place next
+    # H = lse - sum(p * z), in place on p
+    return logp, lse, lse - p.mul_(z).sum(-1) if with_entropy else none, kept
 
 
 def _grad_logits(h: Tensor, w: Tensor, targets: Tensor, lse: Tensor, g: Tensor, temperature: float) -> Tensor:
@@ -58,6 +75,15 @@ def _grad_logits(h: Tensor, w: Tensor, targets: Tensor, lse: Tensor, g: Tensor, 
     if temperature != 1.0:
         dz.div_(temperature)
     return dz.to(w.dtype)
+
+
+def _grad_logits_kept(p: Tensor, targets: Tensor, logp: Tensor, g: Tensor, temperature: float) -> Tensor:
+    """`_grad_logits` from the kept probabilities `p` (t, V) in the head's dtype, in that dtype: -g * p everywhere,
+    and at the target g * (1 - p(y)) taken from the float32 log-prob (a confident token's 1 - p(y) is below the
+    head dtype's resolution near 1)."""
+    g = g / temperature
+    dz = p.mul(-g.to(p.dtype))
+    return dz.scatter_(-1, targets[:, None], (g * -torch.expm1(logp[:, None])).to(p.dtype))
 
 
 _compiled: dict[str, object] = {}
@@ -79,13 +105,14 @@ def _chunk_fns(fused: bool):
 class _HiddenTokenLogProb(torch.autograd.Function):
     """log softmax((hidden @ weight.T) / temperature)[target] and the (no-grad) entropy, for flat tokens.
 
-    Saves only hidden (N, H), the weight and the (N,) log-normalizers; backward recomputes each chunk's logits.
+    Saves hidden (N, H), the weight and the (N,) log-normalizers and log-probs; with `keep` also each chunk's
+    probabilities, which backward reads (and drops, chunk by chunk) instead of recomputing the chunk's logits.
     The head matmul runs in `compute_dtype` (bfloat16 under autocast, as the model's own head would), the softmax
     math in float32.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk, compute_dtype, with_entropy, fused):
+    def forward(ctx, hidden, weight, targets, temperature, chunk, compute_dtype, with_entropy, fused, keep):
         n = hidden.shape[0]
         acc = torch.promote_types(hidden.dtype, torch.float32)  # float32 (float64 stays float64: gradcheck)
         w = weight.to(compute_dtype)  # (V, H): cast once per call (kept for backward), not per chunk
@@ -93,13 +120,19 @@ class _HiddenTokenLogProb(torch.autograd.Function):
         lse = torch.empty_like(out)
         entropy = torch.zeros_like(out) if with_entropy else out.new_zeros(0)
         forward_chunk, _ = _chunk_fns(fused)
+        kept = []
         for t0 in range(0, n, chunk):
             t1 = min(n, t0 + chunk)
-            logp, chunk_lse, ent = forward_chunk(hidden[t0:t1], w, targets[t0:t1], temperature, acc, with_entropy)
+            logp, chunk_lse, ent, p = forward_chunk(
+                hidden[t0:t1], w, targets[t0:t1], temperature, acc, with_entropy, keep
+            )
             out[t0:t1], lse[t0:t1] = logp, chunk_lse
             if with_entropy:
                 entropy[t0:t1] = ent
-        ctx.save_for_backward(hidden, w, targets, lse)
+            if keep:
+                kept.append(p)
+        ctx.save_for_backward(hidden, w, targets, lse, out)
+        ctx.kept = kept  # no autograd history: plain tensors, dropped by backward as it goes
         ctx.temperature, ctx.chunk, ctx.weight_dtype, ctx.fused = temperature, chunk, weight.dtype, fused
         ctx.vocab_slice = max(1, chunk_elements_for(hidden.device) // weight.shape[1])  # head-gradient rows at once
         ctx.mark_non_differentiable(entropy)
@@ -107,16 +140,22 @@ class _HiddenTokenLogProb(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, _grad_entropy):  # (N,)
-        hidden, w, targets, lse = ctx.saved_tensors
+        hidden, w, targets, lse, logp = ctx.saved_tensors
+        kept, ctx.kept = ctx.kept, None
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(w.shape, dtype=lse.dtype, device=w.device) if need_w else None
         _, grad_logits = _chunk_fns(ctx.fused)
-        for t0 in range(0, hidden.shape[0], ctx.chunk):
+        for i, t0 in enumerate(range(0, hidden.shape[0], ctx.chunk)):
             t1 = min(hidden.shape[0], t0 + ctx.chunk)
             h = hidden[t0:t1].to(w.dtype)  # (t, H)
             g = grad_out[t0:t1, None].to(lse.dtype)  # (t, 1)
-            dz = grad_logits(h, w, targets[t0:t1], lse[t0:t1], g, ctx.temperature)  # (t, V)
+            if kept:
+                p, kept[i] = kept[i], None
+                dz = _grad_logits_kept(p, targets[t0:t1], logp[t0:t1], g, ctx.temperature)  # (t, V)
+                del p
+            else:
+                dz = grad_logits(h, w, targets[t0:t1], lse[t0:t1], g, ctx.temperature)  # (t, V)
             if need_h:
                 grad_h[t0:t1] = (dz @ w).to(hidden.dtype)
             if need_w:  # the head is trained (full fine-tuning): accumulate in float32 whatever the compute dtype,
@@ -126,7 +165,7 @@ class _HiddenTokenLogProb(torch.autograd.Function):
                     v1 = min(w.shape[0], v0 + ctx.vocab_slice)
                     grad_w[v0:v1].add_(dz[:, v0:v1].T @ h)
         grad_w = grad_w.to(ctx.weight_dtype) if need_w else None
-        return grad_h, grad_w, None, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None, None
 
 
 def _scaled_logits(hidden: Tensor, w: Tensor, acc: torch.dtype, temperature: float) -> Tensor:
@@ -147,6 +186,7 @@ def hidden_token_logprobs(
     compute_dtype: torch.dtype | None = None,
     needed: Tensor | None = None,
     fused: bool = False,
+    keep_bytes: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log p(input_ids[:, t] | input_ids[:, :t]) and entropy, (B, T) each, from the last hidden states
     (B, T, H) and the head's weight (V, H); position 0 has no prediction and gets 0 (as token_logprobs_and_entropy).
@@ -154,7 +194,9 @@ def hidden_token_logprobs(
     `chunk`: tokens per chunk (default: `chunk_tokens_for(V)`). `compute_dtype`: the head matmul's dtype (default:
     the autocast dtype when autocast is on, else the weight's). `needed` (B, T): the positions whose log-prob the
     caller reads (e.g. action or environment tokens); the others are not computed and get 0. `fused`: each chunk's
-    softmax math compiled into fused kernels (`torch.compile`, as `learner.compile` asks).
+    softmax math compiled into fused kernels (`torch.compile`, as `learner.compile` asks). `keep_bytes`: forward
+    keeps the (n, V) probabilities for backward when they take at most this many bytes (default:
+    `keep_bytes_for(device)`; 0: always recompute).
     """
     bsz, seqlen, width = hidden.shape
     if compute_dtype is None:
@@ -167,9 +209,13 @@ def hidden_token_logprobs(
     if needed is not None:
         rows = needed[:, 1:].reshape(-1).nonzero().squeeze(-1)  # (n,) flat positions that are read
         flat, targets = flat.index_select(0, rows), targets.index_select(0, rows)  # (n, H), (n,)
+    if keep_bytes is None:
+        keep_bytes = keep_bytes_for(hidden.device)
+    trains = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    keep = trains and flat.shape[0] * weight.shape[0] * compute_dtype.itemsize <= keep_bytes
     with torch.autocast(hidden.device.type, enabled=False):  # dtypes are explicit inside
         logp, ent = _HiddenTokenLogProb.apply(
-            flat, weight, targets, temperature, chunk, compute_dtype, with_entropy, fused
+            flat, weight, targets, temperature, chunk, compute_dtype, with_entropy, fused, keep
         )
     if rows is not None:  # back to (B*(T-1),), zeros where nothing was computed
         logp = logp.new_zeros(bsz * (seqlen - 1)).index_copy(0, rows, logp)

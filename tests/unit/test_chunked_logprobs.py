@@ -29,19 +29,25 @@ def _unchunked(temperature):
     return lambda h, w, ids: token_logprobs_and_entropy(h @ w.T, ids, True, temperature=temperature)
 
 
+KEEP = pytest.mark.parametrize("keep_bytes", [None, 0], ids=["kept", "recomputed"])
+
+
 @pytest.mark.parametrize("chunk", [1, 4, 7, 1000])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_equals_unchunked_in_float64(chunk, temperature):
+@KEEP
+def test_equals_unchunked_in_float64(chunk, temperature, keep_bytes):
     case = _case(torch.float64)
     ref = _grads(_unchunked(temperature), *case)
-    got = _grads(lambda h, w, ids: hidden_token_logprobs(h, w, ids, temperature=temperature, chunk=chunk), *case)
+    fn = lambda h, w, ids: hidden_token_logprobs(h, w, ids, temperature=temperature, chunk=chunk, keep_bytes=keep_bytes)  # noqa: E731
+    got = _grads(fn, *case)
     for name, a, b in zip(("logprobs", "entropy", "d hidden", "d weight"), got, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=name)
     assert got[0][:, 0].eq(0).all() and got[1][:, 0].eq(0).all()  # position 0 has no prediction
 
 
 @pytest.mark.parametrize("chunk", [2, 1000])
-def test_only_needed_positions_are_computed_and_they_equal_the_full_ones(chunk, monkeypatch):
+@KEEP
+def test_only_needed_positions_are_computed_and_they_equal_the_full_ones(chunk, keep_bytes, monkeypatch):
     """`needed` (a prompt and padding left out): the needed positions' values and every gradient equal those of the
     full computation read through the same mask; the others are 0 and the head sees only the needed rows."""
     hidden, weight, ids, upstream = _case(torch.float64)
@@ -49,12 +55,13 @@ def test_only_needed_positions_are_computed_and_they_equal_the_full_ones(chunk, 
     needed[0, 3:] = needed[1, 5:7] = True  # row 2 needs nothing (a filler micro-batch row)
     masked = upstream * needed
     ref = _grads(_unchunked(1.0), hidden, weight, ids, masked)
-    fn = lambda h, w, i: hidden_token_logprobs(h, w, i, chunk=chunk, needed=needed)  # noqa: E731
+    fn = lambda h, w, i: hidden_token_logprobs(h, w, i, chunk=chunk, needed=needed, keep_bytes=keep_bytes)  # noqa: E731
     head_rows = []
     scaled = chunked_logprobs._scaled_logits
     monkeypatch.setattr(chunked_logprobs, "_scaled_logits", lambda h, *a: head_rows.append(len(h)) or scaled(h, *a))
     got = _grads(fn, hidden, weight, ids, masked)
-    assert sum(head_rows) == 2 * int(needed[:, 1:].sum())  # forward and backward's recompute, needed rows only
+    passes = 1 if keep_bytes is None else 2  # forward (and backward's recompute where nothing is kept)
+    assert sum(head_rows) == passes * int(needed[:, 1:].sum())  # needed rows only
     torch.testing.assert_close(got[0][needed], ref[0][needed], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(got[1][needed], ref[1][needed], rtol=1e-10, atol=1e-10)
     assert got[0][~needed].eq(0).all() and got[1][~needed].eq(0).all()
@@ -70,10 +77,56 @@ def test_nothing_needed_gives_zeros_and_a_connected_graph():
     assert logp.eq(0).all() and hidden.grad.eq(0).all()
 
 
-def test_gradcheck():
+@KEEP
+def test_gradcheck(keep_bytes):
     h, w, ids, _ = _case(torch.float64, bsz=2, seqlen=4, width=5, vocab=7)
-    fn = lambda h, w: hidden_token_logprobs(h, w, ids, False, temperature=0.9, chunk=3)[0]  # noqa: E731
+    fn = lambda h, w: hidden_token_logprobs(h, w, ids, False, temperature=0.9, chunk=3, keep_bytes=keep_bytes)[0]  # noqa: E731
     assert torch.autograd.gradcheck(fn, (h, w))
+
+
+def test_probabilities_are_kept_only_within_the_budget_and_only_for_training(monkeypatch):
+    """Forward keeps the (n, V) probabilities when they fit `keep_bytes` and a gradient will be taken; else
+    backward recomputes the logits (counted through the head's matmul)."""
+    h, w, ids, up = _case(torch.float32, bsz=2, seqlen=5, vocab=40)
+    n = 2 * 4  # scored rows
+    calls = []
+    scaled = chunked_logprobs._scaled_logits
+    monkeypatch.setattr(chunked_logprobs, "_scaled_logits", lambda x, *a: calls.append(len(x)) or scaled(x, *a))
+    for budget, passes in ((n * 40 * 4, 1), (n * 40 * 4 - 1, 2)):
+        calls.clear()
+        (hidden_token_logprobs(h, w, ids, chunk=3, keep_bytes=budget)[0] * up).sum().backward()
+        assert sum(calls) == passes * n, (budget, calls)
+    with torch.no_grad():  # nothing to keep for: no (n, V) buffer is built
+        calls.clear()
+        logp, ent = hidden_token_logprobs(h, w, ids, chunk=3, keep_bytes=1 << 30)
+    assert sum(calls) == n and not logp.requires_grad
+    assert chunked_logprobs.keep_bytes_for(torch.device("cpu")) > 0
+
+
+def test_kept_bf16_probabilities_give_a_confident_token_its_gradient():
+    """With bfloat16 kept probabilities a confident target's 1 - p(y) (~1e-3, below bfloat16's resolution at 1)
+    still comes from the float32 log-prob: the hidden states' gradient matches the recomputing path's to bfloat16
+    rounding, also at the confident token."""
+    g = torch.Generator().manual_seed(3)
+    vocab, width = 300, 32
+    w = torch.randn(vocab, width, generator=g)
+    h = torch.randn(1, 6, width, generator=g)
+    ids = torch.randint(0, vocab, (1, 6), generator=g)
+    h[0, 2] = w[ids[0, 3]] * 0.5  # position 2 predicts token 3 with p ~ 1 - 1e-3
+    out = []
+    for keep_bytes in (0, 1 << 30):
+        hh = h.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logp, _ = hidden_token_logprobs(hh, w, ids, chunk=4, keep_bytes=keep_bytes)
+        logp.sum().backward()
+        out.append((logp.detach(), hh.grad))
+    (ref_logp, ref_grad), (logp, grad) = out
+    assert -5e-3 < ref_logp[0, 3] < -1e-4  # confident, and 1 - p(y) is not 0 in float32
+    torch.testing.assert_close(logp, ref_logp, rtol=0, atol=0)  # forward is the same computation
+    torch.testing.assert_close(grad, ref_grad, rtol=2e-2, atol=1e-3)
+    # at the confident token the gradient is tiny but must keep its size and direction: bf16(p(y)) rounds to 1
+    rel = (grad[0, 2] - ref_grad[0, 2]).norm() / ref_grad[0, 2].norm()
+    assert rel < 0.05, rel
 
 
 def test_frozen_head_gets_no_gradient():

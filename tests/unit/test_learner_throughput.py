@@ -16,7 +16,7 @@ def test_learner_throughput_benchmark_runs_on_a_cpu(tmp_path):
     out = tmp_path / "lt.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "learner_throughput.py"), "--device=cpu", "--shape=tiny"]
     cmd += ["--steps=1", "--warmup=1", "--seq=96", "--prompt-len=16", "--micro-batch=4", "--ragged", "--profile=3"]
-    cmd += ["--paired=1"]
+    cmd += ["--paired=1", "--paired-keep=1"]
     variants = "--variants=full.old,full,lora,lorabf16.old,lorabf16"
     proc = subprocess.run([*cmd, variants, f"--out={out}"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -28,8 +28,10 @@ def test_learner_throughput_benchmark_runs_on_a_cpu(tmp_path):
         # ragged lengths in [48, 96], right-padded to each micro-batch's longest
         assert 8 * 48 <= r["tokens_per_step"] < r["padded_tokens_per_step"] <= 8 * 96
     assert by["lora"]["params_lora"] > 0 and by["full"]["params_lora"] == 0
-    # on a CPU the levers that act there are exact: no mask on a right-padded batch (SDPA's flash kernel gives the
+    # on a CPU the levers that act there leave the log-probs exact (the kept head probabilities change only the
+    # gradient's rounding): no mask on a right-padded batch (SDPA's flash kernel gives the
     # same numbers at real positions) and, under bfloat16 autocast, LoRA inputs left uncast (exact round trips)
     assert by["full"]["logprob_gap_vs"] == {"full.old": 0.0}
     assert by["lorabf16"]["logprob_gap_vs"] == {"lorabf16.old": 0.0}
     assert len(by["lorabf16"]["paired_off_s"]) == len(by["lorabf16"]["paired_on_s"]) == 1
+    assert len(by["lorabf16"]["paired_keep_off_s"]) == len(by["lorabf16"]["paired_keep_on_s"]) == 1
