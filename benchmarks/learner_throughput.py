@@ -167,7 +167,8 @@ def apply_levers(levers: list[str]) -> None:
     """`old` and the `-X` levers put the learner's code back as it was before each lever (module attributes)."""
     from agentrl_ray.learner import chunked_logprobs, guards, policy
 
-    off = set(levers) if "old" not in levers else {"-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "-keep"}
+    old = {"-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "-keep"}
+    off = set(levers) if "old" not in levers else old
     if "-chunk" in off:
         chunked_logprobs.CUDA_CHUNK_ELEMENTS = chunked_logprobs.CHUNK_ELEMENTS
     if "-nomask" in off:

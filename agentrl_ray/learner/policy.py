@@ -230,7 +230,8 @@ class Policy:
     def named_tensors_for_sync(self, on_device: bool = False) -> list[tuple[str, torch.Tensor]]:
         """What rank 0 pushes to the engines: the full weights, or with LoRA only the A/B tensors (in host memory:
         the engine merges them there); [] on the other ranks. `on_device`: the full weights stay on the learner's
-        device (`sync.sender.IpcSender` packs them there; a copy to host memory first would cost ~0.84 s per GB).
+        device (`sync.sender.IpcSender` packs them there; a trip through host memory cost 0.87-1.07 s per GB
+        on an H100, against 0.010-0.026 s per GB for the IPC handoff: docs/learner_speed.md).
         Every rank must call it (a collective under ZeRO-3)."""
         if self.lora_scaling is not None:
             return lora_tensors(self.module) if self.rank == 0 else []

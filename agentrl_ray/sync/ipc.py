@@ -1,9 +1,10 @@
 """Weight handoff by CUDA IPC, for an engine that shares a GPU with learner rank 0 (`sync.transport=ipc`).
 
 Two processes on one GPU cannot form an NCCL group (NCCL refuses it: "Duplicate GPU detected"), and a trip through
-host memory costs ~0.84 s per GB each way. Instead, rank 0 packs the weights into flat buffers on its GPU, one per
-bucket (consecutive tensors of one dtype, at most `sync.bucket_mb` MiB; `collective.plan_buckets`), and sends each
-buffer's CUDA IPC handle (`torch.multiprocessing`'s reduction: a few hundred bytes) to the engines with the update.
+host memory cost 0.87-1.07 s per GB on an H100 (docs/learner_speed.md). Instead, rank 0 packs the weights into flat
+buffers on its GPU, one per bucket (consecutive tensors of one dtype, at most `sync.bucket_mb` MiB;
+`collective.plan_buckets`), and sends each buffer's CUDA IPC handle (`torch.multiprocessing`'s reduction: a few
+hundred bytes) to the engines with the update.
 Each engine opens the buffers in its own process and copies the tensors into its weights, device to device; rank 0
 frees the buffers once every engine has loaded them.
 
