@@ -405,9 +405,10 @@ def main() -> None:
     runs = []
     if args.reuse:
         before = json.loads(args.reuse.read_text())
-        # What may differ: our side's own settings, and the micro-batch (memory only: the loss is a token mean over
-        # the step's whole batch however it is split); the reused runs keep their own settings in their record.
-        free = {"staleness", "work_dir", "micro_batch", "compile"}
+        # What may differ: our side's own settings, the number of repeats run now, and the micro-batch (memory only:
+        # the loss is a token mean over the step's whole batch however it is split); the reused runs keep their own
+        # settings in their record.
+        free = {"staleness", "work_dir", "micro_batch", "compile", "repeats"}
         differ = {k for k, v in asdict(s).items() if k not in free and before["settings"].get(k) != v}
         if differ:
             p.error(f"--reuse {args.reuse}: settings differ ({', '.join(sorted(differ))})")
