@@ -154,7 +154,11 @@ def start_ray(actors: int, cpus_per_actor: float) -> None:
         ray.init(address=os.environ["RAY_ADDRESS"])
     else:
         # Logical CPUs only: the actors' reservations must fit, whatever the machine has.
-        ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(actors * cpus_per_actor)), include_dashboard=False)
+        ray.init(
+            address="local",
+            num_cpus=max(os.cpu_count() or 1, math.ceil(actors * cpus_per_actor)),
+            include_dashboard=False,
+        )
 
 
 def print_table(envs: dict[str, dict]) -> None:

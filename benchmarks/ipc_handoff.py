@@ -128,6 +128,7 @@ def main() -> None:
     args = p.parse_args()
     path = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x)  # the engine's imports
     ray.init(
+        address="local",
         num_cpus=4,
         num_gpus=1 if args.device == "cuda" else 0,
         include_dashboard=False,

@@ -119,7 +119,7 @@ def main() -> None:
     model_path = args.model or str(ensure_builtin_model())
     results = []
     for mode in args.modes:
-        ray.init(num_cpus=2, include_dashboard=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
         results.append(measure(mode, model_path, args.rank, args.versions, args.prompts, args.tokens, args.dtype))
         print(json.dumps(results[-1]))
     if args.out:

@@ -29,6 +29,11 @@ def builtin_model_path() -> str:
 def local_ray():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+    )
     yield ray
     ray.shutdown()

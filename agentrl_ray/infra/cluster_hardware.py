@@ -2,11 +2,12 @@
 
 `profile=auto` (cpu or gpu) and the profiles' Ray CPU requests (`sizing.fit_cpu_requests`) read a `Hardware`.
 When this process is connected to a Ray cluster, or pointed at one (`RAY_ADDRESS`, which `ray job submit` also sets
-for the job's driver), that summary comes from the cluster's alive nodes (`ray.nodes()`), not from
-`detect_hardware()`: a CPU-only head node that submits to a GPU cluster gets the gpu profile, and a laptop driver
-does not size a cluster's actors by its own cores. Without a cluster, or when the cluster is this machine alone
-(one node, at this machine's address: a local `ray.init()`, or `ray start --head` here), this machine's own detection,
-which also knows the GPUs' memory and the cores this process may use.
+for the job's driver, or a `ray start` cluster running here: `local_ray.cluster_address`), that summary comes from
+the cluster's alive nodes (`ray.nodes()`), not from `detect_hardware()`: a CPU-only head node that submits to a GPU
+cluster gets the gpu profile, and a laptop driver does not size a cluster's actors by its own cores. Without a
+cluster, or when the cluster is this machine alone (one node, at this machine's address: a local `ray.init()`, or
+`ray start --head` here), this machine's own detection, which also knows the GPUs' memory and the cores this process
+may use.
 
 How a node list becomes one summary (`hardware_from_nodes`, a pure function):
 - gpus: all GPUs of the cluster. They decide cpu vs gpu; how many engines and learner ranks use them is the
@@ -18,7 +19,6 @@ How a node list becomes one summary (`hardware_from_nodes`, a pure function):
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -68,7 +68,9 @@ def _cluster_nodes() -> tuple[list[dict[str, Any]], str] | None:
     if "ray" in sys.modules and sys.modules["ray"].is_initialized():
         ray = sys.modules["ray"]
         return ray.nodes(), ray.util.get_node_ip_address()
-    address = os.environ.get("RAY_ADDRESS")
+    from agentrl_ray.infra.local_ray import cluster_address
+
+    address = cluster_address()
     if not address:
         return None
     import ray

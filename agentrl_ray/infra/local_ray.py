@@ -1,5 +1,11 @@
-"""`init_ray`: join the cluster RAY_ADDRESS names, or start the Ray a run starts for itself (no RAY_ADDRESS and no
-`ray start` cluster on this machine): no dashboard, no preemption watcher, no idle workers started ahead.
+"""`init_ray`: join the cluster RAY_ADDRESS names, or the `ray start` cluster running on this machine, or start the
+Ray a run starts for itself (neither): no dashboard, no preemption watcher, no idle workers started ahead.
+
+A `ray start` cluster is joined only while it runs: Ray records its address in `<temp dir>/ray_current_cluster` and
+removes the file on `ray stop`, but a cluster that was killed (a crashed `ray.cluster_utils.Cluster`, a machine's
+processes ended) leaves it behind, and plain `ray.init()` would then try to join the dead cluster, or refuse a local
+Ray's settings ("When connecting to an existing cluster, num_cpus ... must not be provided"). A run starts its own Ray
+then (`address="local"`) and says that it ignored the stale record.
 
 The dashboard and its module processes add ~1 GiB of summed RSS and ~2 s to every local start (docs/benchmarks.md),
 and a local run is watched through its progress lines, metrics and plots. A cluster's own dashboard (`ray start`,
@@ -24,12 +30,14 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agentrl_ray.config import Config
     from agentrl_ray.infra.threads import ThreadPolicy
 
+log = logging.getLogger(__name__)
 _POLLER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
 _WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 LOG_ENV = "AGENTRL_LOG_FILE"
@@ -57,17 +65,50 @@ def runtime_env(env_vars: dict[str, str], log_file: str | None = None) -> dict:
 SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 
 
+def running_cluster_address() -> str | None:
+    """The GCS address of the `ray start` cluster this machine runs, or None: the address Ray recorded at `ray start`,
+    if a GCS process serving it is still up (a stale record is logged and ignored)."""
+    # Where Ray keeps the record (ray._common.utils.get_ray_address_file): checked before importing Ray, so that
+    # parsing a config without a cluster stays light (cluster_hardware.py).
+    tmp = os.environ.get("RAY_TMPDIR") or (os.environ.get("TMPDIR") if sys.platform.startswith("linux") else None)
+    if not os.path.exists(os.path.join(tmp or "/tmp", "ray", "ray_current_cluster")):
+        return None
+    from ray._private import services
+
+    recorded = services.find_bootstrap_address(None)
+    if not recorded:
+        return None
+    services.find_gcs_addresses.cache_clear()
+    if recorded in services.find_gcs_addresses():
+        return recorded
+    log.warning("ignoring Ray's record of a cluster at %s: no GCS runs there (a cluster that was killed)", recorded)
+    return None
+
+
+def cluster_address() -> str | None:
+    """The cluster a run joins: RAY_ADDRESS if set, else the running `ray start` cluster, else None (a local Ray)."""
+    return os.environ.get("RAY_ADDRESS") or running_cluster_address()
+
+
 def init_ray(cfg: Config, threads: ThreadPolicy, log_file: str | None = None) -> None:
-    """Join the cluster RAY_ADDRESS names, else start the local Ray described above; nothing when Ray is up.
-    `log_file`: the console is quiet (console.py); the workers' output goes there, not to the driver."""
+    """Join the cluster RAY_ADDRESS names or the `ray start` cluster on this machine, else start the local Ray
+    described above; nothing when Ray is up. `log_file`: the console is quiet (console.py); the workers' output goes
+    there, not to the driver."""
     import ray
 
     if ray.is_initialized():
         return
     env_vars = threads.actor_env()
     forward = log_file is None
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars}, log_to_driver=forward)
+    address = cluster_address()
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": env_vars}, log_to_driver=forward)
     else:
         env = runtime_env(env_vars, log_file)
-        ray.init(include_dashboard=False, runtime_env=env, _system_config=SYSTEM_CONFIG, log_to_driver=forward)
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            runtime_env=env,
+            _system_config=SYSTEM_CONFIG,
+            log_to_driver=forward,
+        )

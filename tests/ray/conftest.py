@@ -16,6 +16,7 @@ import pytest
 import ray
 
 RAY_ARGS = {
+    "address": "local",  # never a cluster found on the machine (a `ray start` one, or the stale record of a killed one)
     "num_cpus": 4,
     "include_dashboard": False,
     "runtime_env": {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},

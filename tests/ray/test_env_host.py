@@ -53,7 +53,7 @@ class FlakyEnv:
 def host():
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
     actor = ray.remote(EnvHost).options(num_cpus=0.25, max_concurrency=100).remote(tool_timeout_s=1.0)
     yield actor
     ray.shutdown()

@@ -1,4 +1,6 @@
-"""The training job, submitted with `ray job submit` to a local `ray start --head` cluster, succeeds."""
+"""A `ray start --head` cluster on this machine: the training job submitted to it with `ray job submit` succeeds, and a
+run started here without RAY_ADDRESS joins it (as plain `ray.init()` would); the stale record of a killed cluster is
+ignored (a local Ray instead)."""
 
 import json
 import os
@@ -36,8 +38,11 @@ def head_node(tmp_path, builtin_model_path):
         ray.shutdown()
     gcs, dash = _port(), _port()
     # A short temp dir: Ray's socket paths under it must stay within AF_UNIX's 107 bytes (pytest's tmp_path does not).
-    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    # Its `ray` folder is the cluster's temp dir, where `ray start` records the cluster's address: with RAY_TMPDIR
+    # set to its parent, a process here finds the record where it finds /tmp/ray's on a user's machine.
+    tmp_root = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    temp_dir = os.path.join(tmp_root, "ray")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_TMPDIR": tmp_root}
     env.pop("RAY_ADDRESS", None)
     subprocess.run(
         [
@@ -64,7 +69,7 @@ def head_node(tmp_path, builtin_model_path):
         yield f"http://127.0.0.1:{dash}", env
     finally:
         _stop_cluster(temp_dir)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        shutil.rmtree(tmp_root, ignore_errors=True)
 
 
 def _stop_cluster(temp_dir: str) -> None:
@@ -140,3 +145,50 @@ def test_ray_job_submit_runs_training(head_node, tmp_path):
     assert summary["checkpoint"].startswith(str(run_dir))
     assert (run_dir / "metrics.jsonl").read_text().strip()
     assert "inside a Ray job's temporary working dir" in done.stdout + done.stderr  # the user is told where
+
+
+JOIN = """
+import sys
+import ray
+from agentrl_ray.infra.local_ray import init_ray
+from agentrl_ray.infra.profiles import load_config
+from agentrl_ray.infra.threads import ThreadPolicy
+
+cfg = load_config(sys.argv[1], ["profile=cpu"])
+init_ray(cfg, ThreadPolicy.of(cfg))
+print("gcs:", ray.get_runtime_context().gcs_address)
+"""
+CONFIG = str(Path(__file__).resolve().parents[2] / "examples/calculator/config.yaml")
+
+
+def test_a_run_joins_the_ray_start_cluster_on_this_machine(head_node, tmp_path):
+    """`ray start --head`, then a run without RAY_ADDRESS (a workstation): the run's driver joins that cluster. It
+    used to pass a local Ray's settings to `ray.init()`, which refuses them when it finds a cluster."""
+    _, env = head_node
+    recorded = (Path(env["RAY_TMPDIR"]) / "ray" / "ray_current_cluster").read_text().strip()
+    done = subprocess.run(
+        [sys.executable, "-c", JOIN, CONFIG], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"gcs: {recorded}" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+def test_a_stale_cluster_record_is_ignored(tmp_path):
+    """The record a killed cluster left behind (no GCS serves its address): the run starts its own local Ray and
+    says so, instead of failing to join a dead cluster."""
+    tmp_root = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    try:
+        stale = f"127.0.0.1:{_port()}"
+        os.makedirs(os.path.join(tmp_root, "ray"))
+        Path(tmp_root, "ray", "ray_current_cluster").write_text(stale)
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env["RAY_TMPDIR"] = tmp_root
+        done = subprocess.run(
+            [sys.executable, "-c", JOIN, CONFIG], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert f"ignoring Ray's record of a cluster at {stale}" in done.stderr
+        gcs = done.stdout.split("gcs:")[1].split()[0]
+        assert gcs != stale and "Started a local Ray instance" in done.stderr
+    finally:
+        shutil.rmtree(tmp_root, ignore_errors=True)
