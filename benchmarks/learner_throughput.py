@@ -74,7 +74,7 @@ SETTINGS = {
     },
 }
 CHILD_ARGS = ("device", "shape", "micro_batch", "micro_batches", "seq", "prompt_len", "warmup", "steps", "profile")
-CHILD_ARGS += ("peak_tflops", "min_len", "paired", "paired_keep")
+CHILD_ARGS += ("peak_tflops", "min_len", "paired", "paired_keep", "paired_thread")
 LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "-keep", "compile", "mb16")
 LEVERS += ("zero0", "zero1")
 SHAPES = {
@@ -233,6 +233,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
         times.append(time.perf_counter() - t0)
     paired = paired_exact_levers(policy, lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired)
     paired |= paired_keep(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_keep)
+    paired |= paired_thread(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_thread)
     profile = profile_step(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.profile) if args.profile else []
 
     params = dict(policy.module.named_parameters())
@@ -313,6 +314,41 @@ def paired_keep(step, pairs: int) -> dict:
     return {"paired_keep_off_s": times[False], "paired_keep_on_s": times[True]}
 
 
+def paired_thread(step, pairs: int) -> dict:
+    """`pairs` steps in this process's main thread and as many in one long-lived other thread, as Ray Train runs the
+    update in a run, alternating (ABBA order). glibc gives that thread heaps of its own (at most 64 MiB each), so
+    its larger blocks are mapped afresh at every micro-batch (infra/allocator.py)."""
+    if not pairs:
+        return {}
+    import queue
+    import threading
+
+    todo: queue.Queue = queue.Queue()
+    done: queue.Queue = queue.Queue()
+
+    def worker() -> None:
+        while todo.get():
+            t0 = time.perf_counter()
+            step()
+            done.put(round(time.perf_counter() - t0, 4))
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(pairs):
+        for other in (False, True) if i % 2 == 0 else (True, False):
+            if other:
+                todo.put(True)
+                times[True].append(done.get())
+            else:
+                t0 = time.perf_counter()
+                step()
+                times[False].append(round(time.perf_counter() - t0, 4))
+    todo.put(False)
+    thread.join()
+    return {"paired_main_thread_s": times[False], "paired_other_thread_s": times[True]}
+
+
 def profile_step(step, top: int) -> list[dict]:
     """One step under torch.profiler: the `top` operations by device (else CPU) self time."""
     import torch
@@ -383,6 +419,10 @@ def main() -> None:
     p.add_argument("--profile", type=int, default=0, help="top operations of one profiled step (0: none)")
     p.add_argument("--paired", type=int, default=0, help="then N steps each with -nomask,-peftcast off/on, ABBA")
     p.add_argument("--paired-keep", type=int, default=0, help="then N steps each with -keep off/on, ABBA")
+    p.add_argument("--paired-thread", type=int, default=0, help="then N steps each in the main/another thread, ABBA")
+    p.add_argument(
+        "--allocator", choices=("glibc", "run"), default="glibc", help="run: a CPU learner's malloc settings in a run"
+    )
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--budget-s", type=float, default=1e9, help="start no variant after this many seconds")
     p.add_argument("--out", type=Path)
@@ -407,13 +447,19 @@ def main() -> None:
         build_model(folder / "model", args.shape, args.device)
         argv = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in CHILD_ARGS]
         argv += ["--ragged"] if args.ragged else []
+        child_env = dict(os.environ)
+        if args.allocator == "run":  # glibc reads these when the process starts (infra/allocator.py)
+            from agentrl_ray.infra.allocator import allocator_env
+
+            child_env.update(allocator_env(one_arena=False))
+        report["allocator_env"] = {k: v for k, v in child_env.items() if k.startswith("MALLOC_")}
         for variant in args.variants.split(","):
             if time.perf_counter() - t_start > args.budget_s:
                 results.append({"variant": variant, "ok": False, "error": "skipped: --budget-s spent"})
                 continue
             out = folder / f"{variant}.json"
             cmd = [sys.executable, __file__, *argv, "--child", variant, "--model-dir", str(folder / "model")]
-            proc = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True)
+            proc = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, env=child_env)
             if proc.returncode == 0:
                 results.append({"ok": True, **json.loads(out.read_text())})
             else:
