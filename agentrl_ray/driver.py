@@ -100,8 +100,8 @@ def learner_run_config(cfg: Config, storage: str):
         # A dead learner worker: the group restarts from the latest checkpoint (docs/reliability.md).
         failure_config=ray.train.FailureConfig(max_failures=cfg.recovery.max_learner_failures),
         # A CPU learner: the raised mmap threshold and no trimming, on per-thread arenas so that its OpenMP threads
-        # do not queue for one heap's lock, the heaps on transparent huge pages (allocator.py).
-        worker_runtime_env={"env_vars": {} if cfg.learner.use_gpu else allocator_env(one_arena=False, hugepages=True)},
+        # do not queue for one heap's lock (allocator.py).
+        worker_runtime_env={"env_vars": {} if cfg.learner.use_gpu else allocator_env(one_arena=False)},
     )
 
 

@@ -25,14 +25,6 @@ the learner's update), and the next phase page-faults its blocks once, not at ev
 alone after such a release: 3-5 page faults per generated token on one arena, 130-160 with glibc's per-thread
 arenas (hence one arena for the engine).
 
-A learner's heaps are also backed by transparent huge pages where the kernel offers them (glibc >= 2.35's
-`glibc.malloc.hugetlb=1`: malloc asks for 2 MiB pages with madvise, for THP's `madvise` and `always` modes; older
-glibc ignores the tunable). A page fault then maps 2 MiB, not 4 KiB: the micro-batches after each release fault
-512x less often, and the matmuls walk fewer TLB entries. At the 0.5B shape in bfloat16 (learner benchmark, quarter
-step, one run each, 2-core AMD EPYC): the first step in a thread of its own, whose heaps are all fresh as after a
-release, took 21.3 s against 27.6 s; the later steps 19.4-20.0 s against 20.1-20.8 s (docs/benchmarks.md).
-AGENTRL_HUGEPAGES=0 leaves it off.
-
 glibc reads these variables once, when the process starts, so they go in the runtime environment of the actors that
 run the model (the engine backend's `process_env`, the learner workers' `worker_runtime_env`), not in os.environ of a
 running process.
@@ -69,23 +61,18 @@ def user_allocator_settings(env: dict[str, str] | None = None) -> list[str]:
     return found
 
 
-def allocator_env(env: dict[str, str] | None = None, *, one_arena: bool, hugepages: bool = False) -> dict[str, str]:
+def allocator_env(env: dict[str, str] | None = None, *, one_arena: bool) -> dict[str, str]:
     """Environment variables for a process that runs the model on a CPU (see the module's docstring); empty where the
-    user set their own. `one_arena`: every thread on malloc's main heap (an engine: yes; a learner: no).
-    `hugepages`: malloc's heaps on transparent huge pages (a learner), unless AGENTRL_HUGEPAGES=0; the user's other
-    glibc tunables are kept."""
+    user set their own. `one_arena`: every thread on malloc's main heap (an engine: yes; a learner: no)."""
     env = os.environ if env is None else env
     if user_allocator_settings(env) or env.get("AGENTRL_KEEP_FREED_MEMORY") == "0":
         return {}
     out = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(NO_TRIM)}
     if one_arena:
         out["MALLOC_ARENA_MAX"] = "1"
-    if hugepages and env.get("AGENTRL_HUGEPAGES") != "0":
-        out["GLIBC_TUNABLES"] = ":".join(x for x in (env.get("GLIBC_TUNABLES"), HUGEPAGES) if x)
     return out
 
 
-HUGEPAGES = "glibc.malloc.hugetlb=1"  # madvise(MADV_HUGEPAGE) on malloc's heaps and its own mappings
 RELEASE_ABOVE = 128 * 2**20  # free bytes in malloc's heap below which a release is not worth its cost
 
 

@@ -129,51 +129,6 @@ def test_the_settings_can_be_turned_off():
 def test_other_glibc_tunables_are_not_allocator_settings():
     tunable = {"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F"}
     assert allocator_env(tunable, one_arena=True) == allocator_env({}, one_arena=True)
-    # huge pages are added to the user's other tunables, not put in their place
-    assert allocator_env(tunable, one_arena=False, hugepages=True)["GLIBC_TUNABLES"] == (
-        "glibc.cpu.hwcaps=-AVX512F:glibc.malloc.hugetlb=1"
-    )
-
-
-def test_huge_pages_can_be_turned_off():
-    assert allocator_env({}, one_arena=False, hugepages=True)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
-    assert "GLIBC_TUNABLES" not in allocator_env({"AGENTRL_HUGEPAGES": "0"}, one_arena=False, hugepages=True)
-    assert "GLIBC_TUNABLES" not in allocator_env({}, one_arena=True)  # an engine: not measured, not set
-
-
-def _thp_mode() -> str:
-    try:
-        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
-    except OSError:
-        return "absent"
-    return text.split("[")[1].split("]")[0]
-
-
-# A 600 MB tensor, as a learner's kept head probabilities, in a thread other than the main one: the huge pages that
-# back it (AnonHugePages of this process).
-_HUGE = textwrap.dedent(
-    """
-    import json, threading, torch
-    out = {}
-    def step():
-        x = torch.ones(1024, 151936)
-        for line in open("/proc/self/smaps_rollup"):
-            if line.startswith("AnonHugePages:"):
-                out["huge_mib"] = int(line.split()[1]) / 1024
-        del x
-    t = threading.Thread(target=step); t.start(); t.join()
-    print(json.dumps(out))
-    """
-)
-
-
-@pytest.mark.skipif(not GLIBC or platform.libc_ver()[1] < "2.35", reason="glibc.malloc.hugetlb is glibc >= 2.35's")
-@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="the kernel offers no transparent huge pages")
-def test_a_learners_heaps_are_on_huge_pages():
-    small = _run(_HUGE, allocator_env({}, one_arena=False))["huge_mib"]
-    huge = _run(_HUGE, allocator_env({}, one_arena=False, hugepages=True))["huge_mib"]
-    print(f"AnonHugePages MiB with a 594 MiB tensor: without the tunable {small}, with it {huge}")
-    assert huge > 0.8 * 594 and huge > small + 0.5 * 594
 
 
 def test_a_cpu_engine_gets_the_settings_a_gpu_engine_does_not(no_user_allocator):
@@ -187,8 +142,7 @@ def test_a_cpu_learner_gets_the_settings_a_gpu_learner_does_not(no_user_allocato
 
     cpu = learner_run_config(load_config(None, ["profile=cpu"]), str(tmp_path))
     gpu = learner_run_config(load_config(None, ["profile=cpu", "learner.use_gpu=true"]), str(tmp_path))
-    assert cpu.worker_runtime_env["env_vars"] == allocator_env(one_arena=False, hugepages=True)
-    assert cpu.worker_runtime_env["env_vars"]["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    assert cpu.worker_runtime_env["env_vars"] == allocator_env(one_arena=False)
     assert "MALLOC_MMAP_THRESHOLD_" in cpu.worker_runtime_env["env_vars"]
     assert "MALLOC_ARENA_MAX" not in cpu.worker_runtime_env["env_vars"]  # per-thread arenas for its OpenMP threads
     assert gpu.worker_runtime_env["env_vars"] == {}
