@@ -180,9 +180,9 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
             raise
 
     import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
 
-    from agentrl_ray.infra.cluster import learner_scaling
+    from agentrl_ray.infra.cluster import learner_scaling, torch_trainer
     from agentrl_ray.learner.loop import train_loop_per_worker
     from agentrl_ray.rollout.pool import RolloutPool
     from agentrl_ray.run.outputs import plot_curves, start_driver_log
@@ -203,7 +203,7 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
     lines = StepLines(cfg.run_dir / "metrics.jsonl", cfg.run.steps)  # the console's step lines and progress bar
     try:
         lc = cfg.learner
-        trainer = TorchTrainer(
+        trainer = torch_trainer()(
             train_loop_per_worker,
             train_loop_config={
                 "config": cfg,
