@@ -203,7 +203,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
     stand_in_for_ray_train(device)
     micro, n_micro = (16, 1) if "mb16" in levers else (args.micro_batch, args.micro_batches)
     overrides = [*SETTINGS[args.device][setting], f"learner.micro_batch_size={micro}", "echo.coeff=0.05"]
-    overrides += ["algorithm.beta=0"] + (["learner.compile=true"] if "compile" in levers else [])
+    overrides += ["algorithm.beta=0", f"learner.compile={str('compile' in levers).lower()}"]
     overrides += [f"learner.zero_stage={x[-1]}" for x in levers if x.startswith("zero")]
     cfg = load_config(None, overrides)
     shape = shape_config(args.shape)

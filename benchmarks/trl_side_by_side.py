@@ -57,7 +57,7 @@ class Settings:
     lora: int = 0  # 1: LoRA on both sides (our learner.lora defaults; TRL a PEFT LoraConfig of the same values)
     staleness: int = 1  # ours: sync.max_staleness (1 = roll out step t+1 while training on step t, our default)
     bf16: int = 0  # 1: bfloat16 math on both sides (TRL bf16=True; ours model.dtype=bfloat16 learner.bf16=true)
-    compile: int = 0  # ours: 1 = learner.compile=true (decoder layers compiled with torch.compile)
+    compile: str = "auto"  # ours: learner.compile (auto, our default: compiled from 200M parameters; 1/0: on/off)
     repeats: int = 2
     eval_prompts: int = 200
     eval_samples: int = 2  # sampled completions per held-out prompt (plus one greedy)
@@ -144,7 +144,7 @@ def run_ours(s: Settings, task: str, rep: int, prompt_lens: list[int]) -> dict:
         f"sync.max_staleness={s.staleness}",
         f"learner.bf16={'true' if s.bf16 else 'false'}",
         f"model.dtype={'bfloat16' if s.bf16 else 'float32'}",
-        f"learner.compile={'true' if s.compile else 'false'}",
+        f"learner.compile={s.compile}",
         f"run.steps={s.steps}",
         f"run.seed={s.seed}",
         f"run.name={name}",

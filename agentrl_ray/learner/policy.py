@@ -102,7 +102,8 @@ class Policy:
         # ZeRO-3: DeepSpeed places the partitions; a quantized model is already on its device and cannot move.
         self.module = model if self.partitioned or quantized else model.to(self.device)
         self.module.config.use_cache = False
-        if cfg.compile:  # validate() refuses it under ZeRO-3
+        self.compiled = wants_compile(cfg.compile, self.module, self.device, self.partitioned, self.rank)
+        if self.compiled:  # validate() refuses learner.compile=true under ZeRO-3
             compiled = compile_layers(self.module, self.device)
             if self.rank == 0:
                 log.info("learner.compile: %d decoder layers compile during the first step", compiled)
@@ -169,7 +170,7 @@ class Policy:
             with hidden_states_out(head):
                 hidden = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits  # (B,T,H)
             return hidden_token_logprobs(
-                hidden, head.weight, input_ids, with_entropy, needed=needed, fused=self.cfg.compile
+                hidden, head.weight, input_ids, with_entropy, needed=needed, fused=self.compiled
             )
 
     @torch.no_grad()
@@ -325,6 +326,38 @@ def hidden_states_out(head: torch.nn.Linear):
         del head.forward
 
 
+COMPILE_AUTO_PARAMS = 200_000_000  # learner.compile=auto compiles models of at least this many parameters
+
+
+def wants_compile(setting, model, device: torch.device, partitioned: bool, rank: int) -> bool:
+    """learner.compile resolved for this model and device: `true`/`false` as given; `auto` on for a model of at
+    least COMPILE_AUTO_PARAMS parameters where compiling can run (not under ZeRO-3, a model naming its decoder
+    layers, a C++ compiler on a CPU), off otherwise (rank 0 says why when the size alone would have compiled)."""
+    if setting != "auto":
+        return bool(setting)
+    n = sum(p.numel() for p in model.parameters())
+    if n < COMPILE_AUTO_PARAMS:
+        return False
+    why = None
+    if partitioned:
+        why = "DeepSpeed ZeRO-3 partitions the parameters"
+    elif not _decoder_layers(model):
+        why = f"{type(model).__name__} names no repeated decoder layer"
+    elif device.type == "cpu" and _cpp_compiler_missing():
+        why = "no C++ compiler for torch.compile's inductor (g++ or clang; set CXX to choose one)"
+    if why and rank == 0:
+        log.info("learner.compile=auto: %.0fM parameters, but the layers stay eager: %s", n / 1e6, why)
+    return why is None
+
+
+def _decoder_layers(model) -> list:
+    """The modules whose class the model names in `_no_split_modules` (Hugging Face's list of its repeated
+    blocks)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the HF model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
 def compile_layers(model, device: torch.device) -> int:
     """`torch.compile` each decoder layer in place (`nn.Module.compile`: parameter names and state dicts unchanged),
     with dynamic shapes so that one graph serves every layer, micro-batch and sequence length; the head and the
@@ -334,10 +367,10 @@ def compile_layers(model, device: torch.device) -> int:
     On a CPU, inductor compiles C++ at the first step: a missing compiler is reported here, before any step runs."""
     if device.type == "cpu":
         _check_cpp_compiler()
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the HF model
-    names = set(getattr(base, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in names]
+    layers = _decoder_layers(model)
     if not layers:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        names = set(getattr(base, "_no_split_modules", None) or ())
         raise ValueError(
             f"learner.compile=true: {type(base).__name__} names no repeated decoder layer (_no_split_modules is "
             f"{sorted(names)}), so there is nothing to compile layer by layer; set learner.compile=false"
@@ -345,6 +378,20 @@ def compile_layers(model, device: torch.device) -> int:
     for layer in layers:
         layer.compile(dynamic=True)
     return len(layers)
+
+
+def _cpp_compiler_missing() -> bool:
+    """True where inductor's own compiler search finds no C++ compiler (False where torch has moved that search:
+    inductor then reports a missing compiler itself, at the first step)."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+    except ImportError:
+        return False
+    try:
+        get_cpp_compiler()
+    except Exception:  # inductor's InvalidCxxCompiler, or its search failing otherwise
+        return True
+    return False
 
 
 def _check_cpp_compiler() -> None:

@@ -9,12 +9,15 @@ import torch
 
 from agentrl_ray.config import ConfigError, LoraConfig
 from agentrl_ray.infra.profiles import load_config
+from agentrl_ray.learner import policy as policy_module
 from agentrl_ray.learner.chunked_logprobs import hidden_token_logprobs
 from agentrl_ray.learner.policy import (
+    COMPILE_AUTO_PARAMS,
     compile_layers,
     enable_gradient_checkpointing,
     hidden_states_out,
     model_head,
+    wants_compile,
 )
 
 
@@ -126,3 +129,31 @@ def test_compile_under_zero3_is_refused():
         load_config(None, ["learner.compile=true", "learner.backend=deepspeed", "learner.zero_stage=3"])
     zero2 = load_config(None, ["learner.compile=true", "learner.backend=deepspeed", "learner.zero_stage=2"])
     assert zero2.learner.compile
+    assert load_config(None, ["learner.backend=deepspeed", "learner.zero_stage=3"]).learner.compile == "auto"
+
+
+def test_compile_auto_is_the_default_and_a_bad_value_is_named():
+    assert load_config(None, []).learner.compile == "auto"
+    with pytest.raises(ConfigError, match="learner.compile: 'sometimes' is not one of 'auto', True, False"):
+        load_config(None, ["learner.compile=sometimes"])
+
+
+def test_compile_auto_compiles_large_models_where_it_can_run(builtin_model_path, monkeypatch, caplog):
+    """auto: the shipped model (a few million parameters) stays eager; the same model counted as large compiles on
+    this CPU (a C++ compiler is here); a large one stays eager, saying why, without a compiler or under ZeRO-3.
+    true and false are as given."""
+    model = _lora_model(builtin_model_path)
+    cpu = torch.device("cpu")
+    n = sum(p.numel() for p in model.parameters())
+    assert n < COMPILE_AUTO_PARAMS
+    assert not wants_compile("auto", model, cpu, partitioned=False, rank=0)
+    assert wants_compile(True, model, cpu, partitioned=False, rank=0)
+    assert not wants_compile(False, model, cpu, partitioned=False, rank=0)
+    monkeypatch.setattr(policy_module, "COMPILE_AUTO_PARAMS", n)  # as if it were a 0.5B model
+    assert wants_compile("auto", model, cpu, partitioned=False, rank=0)
+    with caplog.at_level("INFO", logger=policy_module.log.name):
+        assert not wants_compile("auto", model, cpu, partitioned=True, rank=0)
+        monkeypatch.setattr(policy_module, "_cpp_compiler_missing", lambda: True)
+        assert not wants_compile("auto", model, cpu, partitioned=False, rank=0)
+    assert "layers stay eager: DeepSpeed ZeRO-3" in caplog.text
+    assert "layers stay eager: no C++ compiler" in caplog.text
