@@ -102,7 +102,9 @@ class Policy:
         # ZeRO-3: DeepSpeed places the partitions; a quantized model is already on its device and cannot move.
         self.module = model if self.partitioned or quantized else model.to(self.device)
         self.module.config.use_cache = False
-        self.compiled = wants_compile(cfg.compile, self.module, self.device, self.partitioned, self.rank)
+        self.compiled = wants_compile(
+            cfg.compile, self.module, self.device, self.partitioned, self.rank, quantized=quantized
+        )
         if self.compiled:  # validate() refuses learner.compile=true under ZeRO-3
             compiled = compile_layers(self.module, self.device)
             if self.rank == 0:
@@ -329,10 +331,13 @@ def hidden_states_out(head: torch.nn.Linear):
 COMPILE_AUTO_PARAMS = 200_000_000  # learner.compile=auto compiles models of at least this many parameters
 
 
-def wants_compile(setting, model, device: torch.device, partitioned: bool, rank: int) -> bool:
+def wants_compile(
+    setting, model, device: torch.device, partitioned: bool, rank: int, *, quantized: bool = False
+) -> bool:
     """learner.compile resolved for this model and device: `true`/`false` as given; `auto` on for a model of at
     least COMPILE_AUTO_PARAMS parameters where compiling can run (not under ZeRO-3, a model naming its decoder
-    layers, a C++ compiler on a CPU), off otherwise (rank 0 says why when the size alone would have compiled)."""
+    layers, a C++ compiler on a CPU) and was measured (not a 4-bit QLoRA base), off otherwise (rank 0 says why when
+    the size alone would have compiled)."""
     if setting != "auto":
         return bool(setting)
     n = sum(p.numel() for p in model.parameters())
@@ -341,6 +346,8 @@ def wants_compile(setting, model, device: torch.device, partitioned: bool, rank:
     why = None
     if partitioned:
         why = "DeepSpeed ZeRO-3 partitions the parameters"
+    elif quantized:
+        why = "a 4-bit base (learner.lora.quantize) was not measured compiled; learner.compile=true to try it"
     elif not _decoder_layers(model):
         why = f"{type(model).__name__} names no repeated decoder layer"
     elif device.type == "cpu" and _cpp_compiler_missing():

@@ -140,7 +140,8 @@ def test_compile_auto_is_the_default_and_a_bad_value_is_named():
 
 def test_compile_auto_compiles_large_models_where_it_can_run(builtin_model_path, monkeypatch, caplog):
     """auto: the shipped model (a few million parameters) stays eager; the same model counted as large compiles on
-    this CPU (a C++ compiler is here); a large one stays eager, saying why, without a compiler or under ZeRO-3.
+    this CPU (a C++ compiler is here); a large one stays eager, saying why, without a compiler, under ZeRO-3 or on a
+    4-bit base.
     true and false are as given."""
     model = _lora_model(builtin_model_path)
     cpu = torch.device("cpu")
@@ -153,7 +154,9 @@ def test_compile_auto_compiles_large_models_where_it_can_run(builtin_model_path,
     assert wants_compile("auto", model, cpu, partitioned=False, rank=0)
     with caplog.at_level("INFO", logger=policy_module.log.name):
         assert not wants_compile("auto", model, cpu, partitioned=True, rank=0)
+        assert not wants_compile("auto", model, cpu, partitioned=False, rank=0, quantized=True)
         monkeypatch.setattr(policy_module, "_cpp_compiler_missing", lambda: True)
         assert not wants_compile("auto", model, cpu, partitioned=False, rank=0)
     assert "layers stay eager: DeepSpeed ZeRO-3" in caplog.text
     assert "layers stay eager: no C++ compiler" in caplog.text
+    assert "layers stay eager: a 4-bit base" in caplog.text
