@@ -63,8 +63,9 @@ def one(variant: str, samples: int, seq: int, threads: int, repeats: int, prompt
 
     from agentrl_ray.config import LoraConfig as OurLora
     from agentrl_ray.learner.chunked_logprobs import hidden_token_logprobs
+    from agentrl_ray.learner.compilation import compile_layers
     from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
-    from agentrl_ray.learner.policy import compile_layers, hidden_states_out, model_head
+    from agentrl_ray.learner.policy import hidden_states_out, model_head
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

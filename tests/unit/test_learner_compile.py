@@ -9,16 +9,10 @@ import torch
 
 from agentrl_ray.config import ConfigError, LoraConfig
 from agentrl_ray.infra.profiles import load_config
-from agentrl_ray.learner import policy as policy_module
+from agentrl_ray.learner import compilation
 from agentrl_ray.learner.chunked_logprobs import hidden_token_logprobs
-from agentrl_ray.learner.policy import (
-    COMPILE_AUTO_PARAMS,
-    compile_layers,
-    enable_gradient_checkpointing,
-    hidden_states_out,
-    model_head,
-    wants_compile,
-)
+from agentrl_ray.learner.compilation import COMPILE_AUTO_PARAMS, compile_layers, wants_compile
+from agentrl_ray.learner.policy import enable_gradient_checkpointing, hidden_states_out, model_head
 
 
 def _lora_model(path: str, checkpointing: bool = False):
@@ -150,12 +144,12 @@ def test_compile_auto_compiles_large_models_where_it_can_run(builtin_model_path,
     assert not wants_compile("auto", model, cpu, partitioned=False, rank=0)
     assert wants_compile(True, model, cpu, partitioned=False, rank=0)
     assert not wants_compile(False, model, cpu, partitioned=False, rank=0)
-    monkeypatch.setattr(policy_module, "COMPILE_AUTO_PARAMS", n)  # as if it were a 0.5B model
+    monkeypatch.setattr(compilation, "COMPILE_AUTO_PARAMS", n)  # as if it were a 0.5B model
     assert wants_compile("auto", model, cpu, partitioned=False, rank=0)
-    with caplog.at_level("INFO", logger=policy_module.log.name):
+    with caplog.at_level("INFO", logger=compilation.log.name):
         assert not wants_compile("auto", model, cpu, partitioned=True, rank=0)
         assert not wants_compile("auto", model, cpu, partitioned=False, rank=0, quantized=True)
-        monkeypatch.setattr(policy_module, "_cpp_compiler_missing", lambda: True)
+        monkeypatch.setattr(compilation, "_cpp_compiler_missing", lambda: True)
         assert not wants_compile("auto", model, cpu, partitioned=False, rank=0)
     assert "layers stay eager: DeepSpeed ZeRO-3" in caplog.text
     assert "layers stay eager: no C++ compiler" in caplog.text

@@ -1,0 +1,101 @@
+"""`learner.compile`: which models compile (`wants_compile`, `auto`'s rule) and compiling their decoder layers in place
+(`compile_layers`), with the C++ compiler a CPU's inductor needs checked before any step."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("agentrl_ray")
+
+
+COMPILE_AUTO_PARAMS = 200_000_000  # learner.compile=auto compiles models of at least this many parameters
+
+
+def wants_compile(
+    setting, model, device: torch.device, partitioned: bool, rank: int, *, quantized: bool = False
+) -> bool:
+    """learner.compile resolved for this model and device: `true`/`false` as given; `auto` on for a model of at
+    least COMPILE_AUTO_PARAMS parameters where compiling can run (not under ZeRO-3, a model naming its decoder
+    layers, a C++ compiler on a CPU) and was measured (not a 4-bit QLoRA base), off otherwise (rank 0 says why when
+    the size alone would have compiled)."""
+    if setting != "auto":
+        return bool(setting)
+    n = sum(p.numel() for p in model.parameters())
+    if n < COMPILE_AUTO_PARAMS:
+        return False
+    why = None
+    if partitioned:
+        why = "DeepSpeed ZeRO-3 partitions the parameters"
+    elif quantized:
+        why = "a 4-bit base (learner.lora.quantize) was not measured compiled; learner.compile=true to try it"
+    elif not _decoder_layers(model):
+        why = f"{type(model).__name__} names no repeated decoder layer"
+    elif device.type == "cpu" and _cpp_compiler_missing():
+        why = "no C++ compiler for torch.compile's inductor (g++ or clang; set CXX to choose one)"
+    if why and rank == 0:
+        log.info("learner.compile=auto: %.0fM parameters, but the layers stay eager: %s", n / 1e6, why)
+    return why is None
+
+
+def _decoder_layers(model) -> list:
+    """The modules whose class the model names in `_no_split_modules` (Hugging Face's list of its repeated
+    blocks)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the HF model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def compile_layers(model, device: torch.device) -> int:
+    """`torch.compile` each decoder layer in place (`nn.Module.compile`: parameter names and state dicts unchanged),
+    with dynamic shapes so that one graph serves every layer, micro-batch and sequence length; the head and the
+    embedding stay eager (chunked_logprobs runs the head). The layers are the modules whose class the model names in
+    `_no_split_modules` (Hugging Face's list of its repeated blocks). Returns how many were compiled.
+
+    On a CPU, inductor compiles C++ at the first step: a missing compiler is reported here, before any step runs."""
+    if device.type == "cpu":
+        _check_cpp_compiler()
+    layers = _decoder_layers(model)
+    if not layers:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        names = set(getattr(base, "_no_split_modules", None) or ())
+        raise ValueError(
+            f"learner.compile=true: {type(base).__name__} names no repeated decoder layer (_no_split_modules is "
+            f"{sorted(names)}), so there is nothing to compile layer by layer; set learner.compile=false"
+        )
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
+
+
+def _cpp_compiler_missing() -> bool:
+    """True where inductor's own compiler search finds no C++ compiler (False where torch has moved that search:
+    inductor then reports a missing compiler itself, at the first step)."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+    except ImportError:
+        return False
+    try:
+        get_cpp_compiler()
+    except Exception:  # inductor's InvalidCxxCompiler, or its search failing otherwise
+        return True
+    return False
+
+
+def _check_cpp_compiler() -> None:
+    """Inductor's own compiler search, run now rather than at the first step. It is private to torch: where a torch
+    version has moved it, the check is skipped and inductor reports a missing compiler itself, at the first step."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+    except ImportError:
+        log.info("learner.compile: torch has no cpp_builder.get_cpp_compiler; the C++ compiler is checked at step 1")
+        return
+    try:
+        get_cpp_compiler()
+    except Exception as e:  # inductor's InvalidCxxCompiler, or its search failing otherwise
+        raise RuntimeError(
+            "learner.compile=true on a CPU needs a C++ compiler for torch.compile's inductor (g++ or clang; "
+            f"set CXX to choose one) and none was found ({type(e).__name__}): install one (e.g. apt install g++) "
+            "or set learner.compile=false"
+        ) from e
