@@ -3,6 +3,7 @@ resume that continues from the checkpointed step, and a resume of the same run a
 
 import json
 import shutil
+import time
 
 import pytest
 import torch
@@ -38,6 +39,9 @@ def _records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+_TWO_STEPS_WINDOW_MS: list[float] = []  # when the run below started and ended (the actors it started, by start time)
+
+
 @pytest.fixture(scope="module")
 def two_steps(local_ray, tmp_path_factory):
     """The 2-step run both resume tests start from (one run, not two: a run's start is most of its cost), with a
@@ -47,7 +51,9 @@ def two_steps(local_ray, tmp_path_factory):
         # A relative output dir, as users give it: every output must land under the driver's working directory.
         mp.chdir(cwd)
         cfg = load_config(None, [*SMALL, "run.output_dir=runs", "run.name=t", "run.steps=2"])
+        _TWO_STEPS_WINDOW_MS[:] = [time.time() * 1000]
         metrics = train(cfg)
+        _TWO_STEPS_WINDOW_MS.append(time.time() * 1000)
     pristine = tmp_path_factory.mktemp("two_steps_copy") / "t"
     shutil.copytree(cwd / "runs" / "t", pristine)
     return cwd, cfg, metrics, pristine
@@ -100,8 +106,10 @@ def test_a_run_starts_no_ray_data_actor(two_steps):
     it out (infra/cluster.py `torch_trainer`): ~200 MiB and a process start less, and the run above still trained."""
     import ray
 
-    classes = {a["ActorClassName"] for a in ray._private.state.actors().values()}
-    assert "RayTrainWorker" in classes and "TrainController" in classes, classes  # the runs' learner actors
+    start, end = _TWO_STEPS_WINDOW_MS  # the shared Ray also holds the actors of other modules' trainers
+    actors = ray._private.state.actors().values()
+    classes = {a["ActorClassName"] for a in actors if start <= a["StartTime"] <= end}
+    assert "RayTrainWorker" in classes and "TrainController" in classes, classes  # the run's learner actors
     assert not any("DatasetManager" in name for name in classes), classes
 
 
