@@ -157,8 +157,8 @@ class LearnerConfig:
     extra matmuls and adds) and the head's log-softmax chunks. The first step pays the compilation (tens of seconds
     on a few cores; inductor caches it on disk for the next run); on a CPU it needs a C++ compiler. Not with ZeRO-3
     (partitioned parameters). Not exact: the compiled kernels round differently from eager ones (log-prob gap
-    ~0.04 in bfloat16). `auto` (default): on for a model of at least 200M parameters, where the step is long enough
-    to repay the compilation (measured at 0.5B on a CPU: 1.5-2.1 GiB less peak memory, the step up to 10% shorter;
+    ~0.04 in bfloat16). `auto` (default): on for a model of at least 200M parameters, where its savings repay the
+    compilation (measured at 0.5B on a CPU: 1.2-2.1 GiB less peak memory, the step level with eager;
     on a GPU the step 1.6x (0.5B) to 1.8x (1.5B) faster; docs/benchmarks.md), if it can run there (a C++ compiler
     on a CPU, no ZeRO-3, a model that names its decoder layers) and is measured (not a 4-bit QLoRA base); off below
     that, or else (logged). `true` insists (an error where it cannot run), `false` never compiles."""
