@@ -190,7 +190,7 @@ class LearnerConfig:
             "learner.lora with DeepSpeed ZeRO-3 is not supported: use zero_stage<=2",
         )
         need(
-            not (self.compile is True and self.backend == "deepspeed" and self.zero_stage == 3),
+            not (self.compile != "auto" and self.compile and self.backend == "deepspeed" and self.zero_stage == 3),
             "learner.compile with DeepSpeed ZeRO-3 is not supported (its partitioned parameters are gathered by hooks "
             "inside each layer): use zero_stage<=2 or learner.compile=false",
         )

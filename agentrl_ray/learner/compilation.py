@@ -39,11 +39,15 @@ def wants_compile(
     return why is None
 
 
-def _decoder_layers(model) -> list:
-    """The modules whose class the model names in `_no_split_modules` (Hugging Face's list of its repeated
-    blocks)."""
+def _layer_names(model) -> set[str]:
+    """The class names the model gives in `_no_split_modules` (Hugging Face's list of its repeated blocks)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the HF model
-    names = set(getattr(base, "_no_split_modules", None) or ())
+    return set(getattr(base, "_no_split_modules", None) or ())
+
+
+def _decoder_layers(model) -> list:
+    """The modules of the classes `_layer_names` gives."""
+    names = _layer_names(model)
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
@@ -59,43 +63,41 @@ def compile_layers(model, device: torch.device) -> int:
     layers = _decoder_layers(model)
     if not layers:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        names = set(getattr(base, "_no_split_modules", None) or ())
         raise ValueError(
             f"learner.compile=true: {type(base).__name__} names no repeated decoder layer (_no_split_modules is "
-            f"{sorted(names)}), so there is nothing to compile layer by layer; set learner.compile=false"
+            f"{sorted(_layer_names(model))}), so there is nothing to compile layer by layer; set learner.compile=false"
         )
     for layer in layers:
         layer.compile(dynamic=True)
     return len(layers)
 
 
-def _cpp_compiler_missing() -> bool:
-    """True where inductor's own compiler search finds no C++ compiler (False where torch has moved that search:
-    inductor then reports a missing compiler itself, at the first step)."""
-    try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
-    except ImportError:
-        return False
-    try:
-        get_cpp_compiler()
-    except Exception:  # inductor's InvalidCxxCompiler, or its search failing otherwise
-        return True
-    return False
-
-
-def _check_cpp_compiler() -> None:
-    """Inductor's own compiler search, run now rather than at the first step. It is private to torch: where a torch
-    version has moved it, the check is skipped and inductor reports a missing compiler itself, at the first step."""
+def _cpp_compiler_error() -> Exception | None:
+    """Inductor's own compiler search: the error it raises where it finds no C++ compiler, else None. It is private
+    to torch: where a torch version has moved it, None (inductor then reports a missing compiler itself, at the
+    first step; rank 0 logs that the check was skipped)."""
     try:
         from torch._inductor.cpp_builder import get_cpp_compiler
     except ImportError:
         log.info("learner.compile: torch has no cpp_builder.get_cpp_compiler; the C++ compiler is checked at step 1")
-        return
+        return None
     try:
         get_cpp_compiler()
     except Exception as e:  # inductor's InvalidCxxCompiler, or its search failing otherwise
+        return e
+    return None
+
+
+def _cpp_compiler_missing() -> bool:
+    return _cpp_compiler_error() is not None
+
+
+def _check_cpp_compiler() -> None:
+    """Reports a missing C++ compiler now rather than at the first step."""
+    error = _cpp_compiler_error()
+    if error is not None:
         raise RuntimeError(
             "learner.compile=true on a CPU needs a C++ compiler for torch.compile's inductor (g++ or clang; "
-            f"set CXX to choose one) and none was found ({type(e).__name__}): install one (e.g. apt install g++) "
+            f"set CXX to choose one) and none was found ({type(error).__name__}): install one (e.g. apt install g++) "
             "or set learner.compile=false"
-        ) from e
+        ) from error

@@ -121,6 +121,8 @@ def test_a_missing_cpp_compiler_is_reported_before_any_step(builtin_model_path):
 def test_compile_under_zero3_is_refused():
     with pytest.raises(ConfigError, match="learner.compile with DeepSpeed ZeRO-3 is not supported"):
         load_config(None, ["learner.compile=true", "learner.backend=deepspeed", "learner.zero_stage=3"])
+    with pytest.raises(ConfigError, match="learner.compile with DeepSpeed ZeRO-3 is not supported"):
+        load_config(None, ["learner.compile=1", "learner.backend=deepspeed", "learner.zero_stage=3"])  # 1 == True
     zero2 = load_config(None, ["learner.compile=true", "learner.backend=deepspeed", "learner.zero_stage=2"])
     assert zero2.learner.compile
     assert load_config(None, ["learner.backend=deepspeed", "learner.zero_stage=3"]).learner.compile == "auto"
