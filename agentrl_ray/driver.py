@@ -180,9 +180,9 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
             raise
 
     import ray.train
-    from ray.train.torch import TorchConfig
 
-    from agentrl_ray.infra.cluster import learner_scaling, torch_trainer
+    from agentrl_ray.infra.cluster import learner_scaling
+    from agentrl_ray.infra.ray_train import ProcessGroupConfig, torch_trainer
     from agentrl_ray.learner.loop import train_loop_per_worker
     from agentrl_ray.rollout.pool import RolloutPool
     from agentrl_ray.run.outputs import plot_curves, start_driver_log
@@ -215,7 +215,7 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
                 "log": metrics_log,
                 "resume_from": str(resume_from) if resume_from else None,
             },
-            torch_config=TorchConfig(backend="nccl" if lc.use_gpu else "gloo"),
+            torch_config=ProcessGroupConfig(backend="nccl" if lc.use_gpu else "gloo"),
             scaling_config=learner_scaling(plan, lc.use_gpu),
             run_config=learner_run_config(cfg, storage),
         )

@@ -10,7 +10,6 @@ what is free, never hangs.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -211,30 +210,6 @@ def learner_scaling(plan: Plan, use_gpu: bool):
         placement_strategy="PACK",
         label_selector=[pin(s.node_id, plan) for s in plan.learners],
     )
-
-
-@functools.cache
-def torch_trainer():
-    """Ray Train's TorchTrainer, less the Ray Data actor a run without Ray Datasets has no use for.
-
-    Ray Train 2.60 starts a `DatasetManager` actor for every fit (its `DatasetsCallback` hands the workers their
-    Ray Data shards), even when no dataset is passed: one more Python process importing Ray and Ray Data (~200 MiB of
-    RSS, ~2 CPU-seconds while every role starts; docs/benchmarks.md). The learner reads its prompts from the rollout
-    pool, never `ray.train.get_dataset_shard`, so the callback is left out when `datasets` is empty; the workers'
-    `dataset_shard_provider` is then None (an Optional of Ray Train's worker) and a `get_dataset_shard` call fails,
-    as it would for a dataset name that was not passed. `_create_default_callbacks` is Ray Train's own (Ray is
-    pinned); a test checks that the actor is gone and that a run still trains."""
-    from ray.train.torch import TorchTrainer
-    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
-
-    class Trainer(TorchTrainer):
-        def _create_default_callbacks(self):
-            callbacks = super()._create_default_callbacks()
-            if self.datasets:
-                return callbacks
-            return [cb for cb in callbacks if not isinstance(cb, DatasetsCallback)]
-
-    return Trainer
 
 
 def _fmt(res: dict[str, float]) -> str:

@@ -1,0 +1,136 @@
+"""Ray Train's TorchTrainer as a run uses it: less the per-fit processes a run has no use for.
+
+- `torch_trainer()`: no Ray Data `DatasetManager` actor when no Ray Dataset is passed.
+- `ProcessGroupConfig`: the torch process group (gloo or NCCL) set up as Ray Train's `TorchConfig` does, from a
+  module that does not import torch. Ray Train unpickles the backend config in its controller process, and Ray's
+  `ray.train.torch.config` imports torch at its top: the controller, which never touches a tensor, then maps
+  libtorch (384 against 203 MiB of RSS; docs/benchmarks.md). Here the controller's half (ask rank 0 for an address,
+  start every rank's join, wait) is ours, and each rank runs Ray's own worker functions, imported on the worker.
+
+Both lean on Ray Train's internals (`_create_default_callbacks`, `_setup_torch_process_group`, `_shutdown_torch`,
+`_set_torch_distributed_env_vars`); Ray is pinned, and the Ray-tier tests train through both, on one node and on
+several.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass
+
+import ray
+from ray._private import ray_constants
+from ray.exceptions import GetTimeoutError
+from ray.train._internal.utils import get_address_and_port
+from ray.train.backend import Backend, BackendConfig
+from ray.train.constants import DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S, TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S
+from ray.train.v2._internal.util import TrainingFramework
+
+log = logging.getLogger("agentrl_ray")
+
+
+@functools.cache
+def torch_trainer():
+    """Ray Train's TorchTrainer, less the Ray Data actor a run without Ray Datasets has no use for.
+
+    Ray Train 2.60 starts a `DatasetManager` actor for every fit (its `DatasetsCallback` hands the workers their
+    Ray Data shards), even when no dataset is passed: one more Python process importing Ray and Ray Data (~200 MiB of
+    RSS, ~2 CPU-seconds while every role starts; docs/benchmarks.md). The learner reads its prompts from the rollout
+    pool, never `ray.train.get_dataset_shard`, so the callback is left out when `datasets` is empty; the workers'
+    `dataset_shard_provider` is then None (an Optional of Ray Train's worker) and a `get_dataset_shard` call fails,
+    as it would for a dataset name that was not passed. A test checks that the actor is gone and that a run still
+    trains."""
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+
+    class Trainer(TorchTrainer):
+        def _create_default_callbacks(self):
+            callbacks = super()._create_default_callbacks()
+            if self.datasets:
+                return callbacks
+            return [cb for cb in callbacks if not isinstance(cb, DatasetsCallback)]
+
+    return Trainer
+
+
+@dataclass
+class ProcessGroupConfig(BackendConfig):
+    """`torch_config=` of the TorchTrainer: `torch.distributed` over `backend` ("gloo" on CPUs, "nccl" on GPUs),
+    initialised from MASTER_ADDR/MASTER_PORT (rank 0's address), as Ray's `TorchConfig(init_method="env")`."""
+
+    backend: str = "gloo"
+    timeout_s: int = 1800
+
+    @property
+    def backend_cls(self):
+        return _ProcessGroupBackend
+
+    @property
+    def train_func_context(self):
+        return _CudaDevice
+
+    @property
+    def framework(self):
+        return TrainingFramework.TORCH
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend, "init_method": "env", "timeout_s": self.timeout_s}
+
+
+class _ProcessGroupBackend(Backend):
+    """Runs in Ray Train's controller: everything that needs torch runs on the ranks."""
+
+    share_cuda_visible_devices: bool = True  # every rank on a node sees the node's GPUs (NCCL needs its peers')
+
+    def on_start(self, worker_group, backend_config: ProcessGroupConfig):
+        addr, port = worker_group.execute_single(0, get_address_and_port)
+        n = len(worker_group)
+        # init_process_group blocks until every rank has joined, so all ranks start before any is waited for.
+        joins = [
+            worker_group.execute_single_async(
+                rank, _join, addr, port, backend_config.backend, rank, n, backend_config.timeout_s
+            )
+            for rank in range(n)
+        ]
+        ray.get(joins)
+
+    def on_shutdown(self, worker_group, backend_config: ProcessGroupConfig):
+        leaves = worker_group.execute_async(_leave, len(worker_group) > 1)
+        timeout_s = ray_constants.env_integer(
+            TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S, DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S
+        )
+        try:
+            ray.get(leaves, timeout=timeout_s)
+        except GetTimeoutError:
+            log.warning("the learner's torch process group did not shut down within %d s", timeout_s)
+
+
+def _join(addr: str, port: int, backend: str, rank: int, world: int, timeout_s: int) -> None:
+    """On a rank: the torchrun-style environment (RANK, LOCAL_RANK, WORLD_SIZE, ...), then the process group."""
+    from ray.train.torch.config import _set_torch_distributed_env_vars, _setup_torch_process_group
+
+    os.environ["MASTER_ADDR"] = addr
+    os.environ["MASTER_PORT"] = str(port)
+    _set_torch_distributed_env_vars()
+    _setup_torch_process_group(
+        backend=backend, world_rank=rank, world_size=world, init_method="env://", timeout_s=timeout_s
+    )
+
+
+def _leave(destroy_process_group: bool) -> None:
+    from ray.train.torch.config import _shutdown_torch
+
+    _shutdown_torch(destroy_process_group=destroy_process_group)
+
+
+class _CudaDevice:
+    """Around the training function on a rank: its GPU made current, as Ray's TorchConfig does."""
+
+    def __enter__(self):
+        from ray.train.torch.config import TorchConfigContextManager
+
+        TorchConfigContextManager().__enter__()
+
+    def __exit__(self, *exc):
+        return False
