@@ -24,6 +24,8 @@ Two more processes that a one-machine run has no use for, each a Python process 
   before its node goes: a local run is one node, and if it goes the run goes with it.
 - the workers the raylet prestarts for the first driver: every actor of a run asks for its own runtime environment
   and process, so those idle workers are never used.
+Ray Train's placement-group cleaner and autoscaling coordinator are left out of the learner's trainer in the same
+Ray (`started_here`; infra/ray_train.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 _POLLER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
 _WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 LOG_ENV = "AGENTRL_LOG_FILE"
+_STARTED: str | None = None  # the GCS address of the Ray init_ray started, if it did
 
 
 def setup_worker() -> None:
@@ -112,3 +115,13 @@ def init_ray(cfg: Config, threads: ThreadPolicy, log_file: str | None = None) ->
             _system_config=SYSTEM_CONFIG,
             log_to_driver=forward,
         )
+        global _STARTED
+        _STARTED = ray.get_runtime_context().gcs_address
+
+
+def started_here() -> bool:
+    """Whether the Ray this process is connected to is the local one `init_ray` started (one node, no autoscaler,
+    ended with the run), not a cluster it joined or a Ray its caller started."""
+    import ray
+
+    return _STARTED is not None and ray.is_initialized() and ray.get_runtime_context().gcs_address == _STARTED

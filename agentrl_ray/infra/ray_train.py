@@ -1,15 +1,16 @@
 """Ray Train's TorchTrainer as a run uses it: less the per-fit processes a run has no use for.
 
-- `torch_trainer()`: no Ray Data `DatasetManager` actor when no Ray Dataset is passed.
+- `torch_trainer()`: no Ray Data `DatasetManager` actor when no Ray Dataset is passed; in the local Ray a run
+  starts for itself, no placement-group cleaner and no autoscaling coordinator either.
 - `ProcessGroupConfig`: the torch process group (gloo or NCCL) set up as Ray Train's `TorchConfig` does, from a
   module that does not import torch. Ray Train unpickles the backend config in its controller process, and Ray's
   `ray.train.torch.config` imports torch at its top: the controller, which never touches a tensor, then maps
   libtorch (384 against 203 MiB of RSS; docs/benchmarks.md). Here the controller's half (ask rank 0 for an address,
   start every rank's join, wait) is ours, and each rank runs Ray's own worker functions, imported on the worker.
 
-Both lean on Ray Train's internals (`_create_default_callbacks`, `_setup_torch_process_group`, `_shutdown_torch`,
-`_set_torch_distributed_env_vars`); Ray is pinned, and the Ray-tier tests train through both, on one node and on
-several.
+Both lean on Ray Train's internals (`_create_default_callbacks`, `_initialize_and_run_controller`,
+`FixedScalingPolicy`, `_setup_torch_process_group`, `_shutdown_torch`, `_set_torch_distributed_env_vars`); Ray is
+pinned, and the Ray-tier tests train through both, on one node and on several.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ray.exceptions import GetTimeoutError
 from ray.train._internal.utils import get_address_and_port
 from ray.train.backend import Backend, BackendConfig
 from ray.train.constants import DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S, TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S
+from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
 from ray.train.v2._internal.util import TrainingFramework
 
 log = logging.getLogger("agentrl_ray")
@@ -32,24 +34,36 @@ log = logging.getLogger("agentrl_ray")
 
 @functools.cache
 def torch_trainer():
-    """Ray Train's TorchTrainer, less the Ray Data actor a run without Ray Datasets has no use for.
+    """Ray Train's TorchTrainer, less the helper actors a run has no use for. Each is a Python process importing Ray
+    (~190-200 MiB of RSS, ~1-2 CPU-seconds while every role starts; docs/benchmarks.md).
 
-    Ray Train 2.60 starts a `DatasetManager` actor for every fit (its `DatasetsCallback` hands the workers their
-    Ray Data shards), even when no dataset is passed: one more Python process importing Ray and Ray Data (~200 MiB of
-    RSS, ~2 CPU-seconds while every role starts; docs/benchmarks.md). The learner reads its prompts from the rollout
-    pool, never `ray.train.get_dataset_shard`, so the callback is left out when `datasets` is empty; the workers'
-    `dataset_shard_provider` is then None (an Optional of Ray Train's worker) and a `get_dataset_shard` call fails,
-    as it would for a dataset name that was not passed. A test checks that the actor is gone and that a run still
-    trains."""
+    - Ray Data's `DatasetManager` (Ray Train 2.60 starts one for every fit, datasets or not), when no Ray Dataset is
+      passed: the learner reads its prompts from the rollout pool, never `ray.train.get_dataset_shard` (which then
+      fails, as for a dataset name that was not passed).
+    - In the local Ray a run starts for itself (`local_ray.started_here`): the `PlacementGroupCleaner`, which
+      removes the learner's placement group should the controller die while the Ray instance lives on (the local one
+      ends with the run's driver), and the `_AutoscalingCoordinatorActor`, which asks a cluster's autoscaler for the
+      learner's nodes (a local Ray has one node and no autoscaler). On a cluster both stay.
+
+    `_create_default_callbacks` and `_initialize_and_run_controller` are Ray Train's own (Ray is pinned); tests check
+    which actors a run starts and that it trains."""
     from ray.train.torch import TorchTrainer
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    from agentrl_ray.infra.local_ray import started_here
 
     class Trainer(TorchTrainer):
         def _create_default_callbacks(self):
-            callbacks = super()._create_default_callbacks()
-            if self.datasets:
-                return callbacks
-            return [cb for cb in callbacks if not isinstance(cb, DatasetsCallback)]
+            unused = (() if self.datasets else (DatasetsCallback,)) + (
+                (PlacementGroupCleanerCallback,) if started_here() else ()
+            )
+            return [cb for cb in super()._create_default_callbacks() if not isinstance(cb, unused)]
+
+        def _initialize_and_run_controller(self, **kwargs):
+            if started_here() and type(kwargs.get("scaling_policy")) is FixedScalingPolicy:
+                kwargs["scaling_policy"] = _LocalFixedScalingPolicy(self.scaling_config)
+            return super()._initialize_and_run_controller(**kwargs)
 
     return Trainer
 
@@ -122,6 +136,17 @@ def _leave(destroy_process_group: bool) -> None:
     from ray.train.torch.config import _shutdown_torch
 
     _shutdown_torch(destroy_process_group=destroy_process_group)
+
+
+class _LocalFixedScalingPolicy(FixedScalingPolicy):
+    """Ray Train's fixed-size scaling policy without its autoscaler requests, and so without the coordinator actor
+    that relays them: for a Ray with no autoscaler. It runs in the controller."""
+
+    def after_controller_start(self, train_run_context) -> None:
+        pass  # the base class creates the autoscaling coordinator's client (and the actor) here
+
+    def _maybe_send_resource_request(self) -> None:
+        pass
 
 
 class _CudaDevice:
