@@ -182,7 +182,7 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
     import ray.train
 
     from agentrl_ray.infra.cluster import learner_scaling
-    from agentrl_ray.infra.ray_train import ProcessGroupConfig, torch_trainer
+    from agentrl_ray.infra.ray_train import ProcessGroupConfig, loop_config, torch_trainer
     from agentrl_ray.learner.loop import train_loop_per_worker
     from agentrl_ray.rollout.pool import RolloutPool
     from agentrl_ray.run.outputs import plot_curves, start_driver_log
@@ -205,16 +205,18 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
         lc = cfg.learner
         trainer = torch_trainer()(
             train_loop_per_worker,
-            train_loop_config={
-                "config": cfg,
-                "pool": pool,
-                "model_path": model_path,
-                "threads": threads,
-                "train_rows": train_rows,
-                "eval_rows": eval_rows,
-                "log": metrics_log,
-                "resume_from": str(resume_from) if resume_from else None,
-            },
+            train_loop_config=loop_config(
+                {
+                    "config": cfg,
+                    "pool": pool,
+                    "model_path": model_path,
+                    "threads": threads,
+                    "train_rows": train_rows,
+                    "eval_rows": eval_rows,
+                    "log": metrics_log,
+                    "resume_from": str(resume_from) if resume_from else None,
+                }
+            ),
             torch_config=ProcessGroupConfig(backend="nccl" if lc.use_gpu else "gloo"),
             scaling_config=learner_scaling(plan, lc.use_gpu),
             run_config=learner_run_config(cfg, storage),

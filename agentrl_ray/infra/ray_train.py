@@ -2,6 +2,7 @@
 
 - `torch_trainer()`: no Ray Data `DatasetManager` actor when no Ray Dataset is passed; in the local Ray a run
   starts for itself, no placement-group cleaner and no autoscaling coordinator either.
+- `loop_config`/`loop_inputs`: the learner's inputs through the object store, past the controller.
 - `ProcessGroupConfig`: the torch process group (gloo or NCCL) set up as Ray Train's `TorchConfig` does, from a
   module that does not import torch. Ray Train unpickles the backend config in its controller process, and Ray's
   `ray.train.torch.config` imports torch at its top: the controller, which never touches a tensor, then maps
@@ -66,6 +67,19 @@ def torch_trainer():
             return super()._initialize_and_run_controller(**kwargs)
 
     return Trainer
+
+
+def loop_config(inputs: dict) -> dict:
+    """`train_loop_config=` for the learner: its inputs as one object-store copy, fetched by `loop_inputs` on each
+    rank. Ray Train's controller unpickles `train_loop_config` too, and the rollout pool's actor handles in it would
+    load the engine's actor class there (and so torch: 386 against ~200 MiB); a large dataset would also be copied
+    into the controller's arguments and every rank's."""
+    return {"inputs": ray.put(inputs)}
+
+
+def loop_inputs(config: dict) -> dict:
+    """On a learner rank: the inputs `loop_config` stored."""
+    return ray.get(config["inputs"])
 
 
 @dataclass

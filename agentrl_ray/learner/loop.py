@@ -15,6 +15,7 @@ import torch
 
 from agentrl_ray.config import Config
 from agentrl_ray.infra.allocator import release_freed_memory
+from agentrl_ray.infra.ray_train import loop_inputs
 from agentrl_ray.learner import guards
 from agentrl_ray.learner.batching import broadcast_groups
 from agentrl_ray.learner.checkpoint import restore, save_checkpoint
@@ -32,7 +33,9 @@ from agentrl_ray.types import RolloutTimings, RunStopped
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train's entry point on every learner rank. A deliberate stop (`RunStopped`) is recorded with the driver's
     log actor before it is raised: Ray Train's FailureConfig retries every error of the worker group, and the
-    retried attempt then ends at once instead of loading the checkpoint to meet the same stop again."""
+    retried attempt then ends at once instead of loading the checkpoint to meet the same stop again. `config`: the
+    driver's `loop_config` (infra/ray_train.py)."""
+    config = loop_inputs(config)
     log = config["log"]
     if log.stopped() is not None:
         return
