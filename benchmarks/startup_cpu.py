@@ -1,0 +1,123 @@
+"""Where a run's start-up goes: the CPU-seconds and RSS of every process of the run's tree at the moment step 1
+starts (the first `time/step_s` record's end minus its length), and what that means on this machine's cores.
+
+Start-up on a machine of C cores cannot be shorter than (CPU-seconds spent by every process before step 1) / C,
+whatever overlaps with what; this prints that bound next to the measured start-up. The run is stopped once step 1
+has ended.
+
+    python benchmarks/startup_cpu.py --run-dir runs/startup/s -- \\
+        agentrl-ray train examples/calculator/config.yaml run.output_dir=runs/startup run.name=s run.steps=1
+    # the side-by-side's 0.5B shape: add its overrides (docs/benchmarks.md, "Current results")
+
+Writes JSON with --out. CPU-seconds include each process's waited-for children (psutil's children_user/system).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+
+def sample(root: psutil.Process) -> dict[int, tuple[str, float, int]]:
+    """pid -> (command line, CPU-seconds, RSS bytes) for the root and all its descendants."""
+    out = {}
+    try:
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return out
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = (
+                " ".join(p.cmdline())[:60],
+                t.user + t.system + t.children_user + t.children_system,
+                p.memory_info().rss,
+            )
+        except psutil.Error:
+            pass
+    return out
+
+
+def first_step(metrics: Path) -> dict | None:
+    if not metrics.exists():
+        return None
+    for line in metrics.read_text().splitlines():
+        if '"time/step_s"' in line:
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:  # the line is being written
+                return None
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", required=True, help="the run's folder (where metrics.jsonl appears)")
+    ap.add_argument("--interval", type=float, default=0.2, help="seconds between samples of the process tree")
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--out", help="JSON file for the result")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER, help="the run's command, after --")
+    a = ap.parse_args()
+    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
+    metrics = Path(a.run_dir) / "metrics.jsonl"
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    root = psutil.Process(proc.pid)
+    series: list[tuple[float, dict]] = []
+    record = None
+    try:
+        while proc.poll() is None and time.time() - t0 < a.timeout:
+            series.append((time.time() - t0, sample(root)))
+            record = first_step(metrics)
+            if record is not None:
+                break
+            time.sleep(a.interval)
+        end = time.time() - t0
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if record is None:
+        raise SystemExit(f"no step ended in {metrics} (the run's exit code: {proc.returncode})")
+    start = end - record["time/step_s"]
+    at = max(0, bisect.bisect_right([t for t, _ in series], start) - 1)
+    last_seen: dict[int, tuple[str, float, int]] = {}
+    for _, snap in series[: at + 1]:
+        last_seen.update(snap)  # a process that ended before step 1 keeps its last sample
+    live = series[at][1]
+    rows = sorted(
+        (
+            {"pid": pid, "cmd": v[0], "cpu_s": v[1], "rss_mib": live[pid][2] / 2**20 if pid in live else 0.0}
+            for pid, v in last_seen.items()
+        ),
+        key=lambda r: -r["cpu_s"],
+    )
+    cores = psutil.cpu_count()
+    total = sum(r["cpu_s"] for r in rows)
+    result = {
+        "startup_s": start,
+        "cpu_s_before_step1": total,
+        "cores": cores,
+        "bound_s": total / cores,
+        "processes": rows,
+    }
+    print(
+        f"step 1 starts at {start:.1f} s; CPU-seconds of the tree by then {total:.1f}, "
+        f"so at least {total / cores:.1f} s on {cores} cores"
+    )
+    for r in rows[:16]:
+        print(f"{r['cpu_s']:6.1f} CPU-s {r['rss_mib']:7.0f} MiB  {r['cmd']}")
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
