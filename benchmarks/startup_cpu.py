@@ -5,9 +5,12 @@ Start-up on a machine of C cores cannot be shorter than (CPU-seconds spent by ev
 whatever overlaps with what; this prints that bound next to the measured start-up. The run is stopped once step 1
 has ended.
 
-    python benchmarks/startup_cpu.py --run-dir runs/startup/s -- \\
-        agentrl-ray train examples/calculator/config.yaml run.output_dir=runs/startup run.name=s run.steps=1
-    # the side-by-side's 0.5B shape: add its overrides (docs/benchmarks.md, "Current results")
+    python benchmarks/startup_cpu.py --run-dir runs/startup/s -- agentrl-ray train examples/calculator/config.yaml \\
+        run.output_dir=runs/startup run.name=s run.steps=3 run.eval_every=0 run.eval_at_start=false
+    # the side-by-side's 0.5B shape: its overrides are in docs/benchmarks.md, "Current results"
+
+Step 1 must not be the run's last step (run.steps >= 2) and must not evaluate (run.eval_every=0): its record is
+written after those, and this takes the record's arrival as step 1's end.
 
 Writes JSON with --out. CPU-seconds include each process's waited-for children (psutil's children_user/system).
 """
