@@ -24,7 +24,8 @@ from pathlib import Path
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _tree(root: int) -> list:
+def tree(root: int) -> list:
+    """The psutil processes of `root` and all its descendants (none once it has exited)."""
     import psutil
 
     try:
@@ -39,7 +40,7 @@ def _tree_sample(root: int) -> tuple[float, dict[int, tuple[str, float]]]:
 
     rss = 0.0
     cpu = {}
-    for p in _tree(root):
+    for p in tree(root):
         try:
             with open(f"/proc/{p.pid}/statm") as f:
                 rss += int(f.read().split()[1]) * PAGE
@@ -52,7 +53,7 @@ def _tree_sample(root: int) -> tuple[float, dict[int, tuple[str, float]]]:
 
 def _tree_pss(root: int) -> float:
     pss = 0.0
-    for p in _tree(root):
+    for p in tree(root):
         try:
             with open(f"/proc/{p.pid}/smaps_rollup") as f:
                 pss += next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))

@@ -21,20 +21,20 @@ import argparse
 import bisect
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from process_tree import tree  # noqa: E402  (the side-by-side's tree walk)
 
-def sample(root: psutil.Process) -> dict[int, tuple[str, float, int]]:
+
+def sample(root: int) -> dict[int, tuple[str, float, int]]:
     """pid -> (command line, CPU-seconds, RSS bytes) for the root and all its descendants."""
     out = {}
-    try:
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return out
-    for p in procs:
+    for p in tree(root):
         try:
             t = p.cpu_times()
             out[p.pid] = (
@@ -43,7 +43,7 @@ def sample(root: psutil.Process) -> dict[int, tuple[str, float, int]]:
                 p.memory_info().rss,
             )
         except psutil.Error:
-            pass
+            continue  # exited between listing and reading
     return out
 
 
@@ -71,12 +71,11 @@ def main() -> None:
     metrics = Path(a.run_dir) / "metrics.jsonl"
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    root = psutil.Process(proc.pid)
     series: list[tuple[float, dict]] = []
     record = None
     try:
         while proc.poll() is None and time.time() - t0 < a.timeout:
-            series.append((time.time() - t0, sample(root)))
+            series.append((time.time() - t0, sample(proc.pid)))
             record = first_step(metrics)
             if record is not None:
                 break

@@ -103,7 +103,7 @@ def _cut(path, keep=0.5):
 
 def test_a_run_starts_no_ray_data_actor(two_steps):
     """Ray Train's TorchTrainer starts a Ray Data `DatasetManager` actor for every fit, datasets or not; ours leaves
-    it out (infra/cluster.py `torch_trainer`): ~200 MiB and a process start less, and the run above still trained."""
+    it out (infra/ray_train.py `torch_trainer`): ~200 MiB and a process start less, and the run above still trained."""
     import ray
 
     start, end = _TWO_STEPS_WINDOW_MS  # the shared Ray also holds the actors of other modules' trainers
