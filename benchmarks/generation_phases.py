@@ -4,6 +4,7 @@
     python benchmarks/generation_phases.py --model qwen05b --prompts 8 --group 8 --decode 32 \
         --out benchmarks/results/generation_phases_05b.json
     python benchmarks/generation_phases.py --dtype float32 --block-size 128 ...   # vLLM CPU's default block
+    python benchmarks/generation_phases.py --sampler vllm ...   # vLLM CPU's own sampler, not the seeded one
 
 `prompts` distinct prompts of `--prompt-len` tokens (ids of the built-in tokenizer), each sampled `group` times at
 temperature 1 with the learner's seeding, lengths forced (`ignore_eos`). Prefill = `generate(max_tokens=1)` with the
@@ -11,7 +12,8 @@ prefix cache emptied first (so each distinct prompt is computed once, the group'
 step); decode = `generate(max_tokens=1 + decode)` minus that prefill, per decode iteration. Per-iteration times at
 a few hundred tokens of context are dominated by the weights and the MLP, so `--decode 32` extrapolates to 256
 tokens by x 256/32 (stated as such in docs/benchmarks.md); the attention share is computed in the roofline.
-`prefill_tokens_cached`: the prompt tokens vLLM served from its prefix cache in the prefill call (a group's copies
+The process runs with the engine's environment (`vllm_env`, its malloc settings included: it re-executes itself
+with them). `prefill_tokens_cached`: the prompt tokens vLLM served from its prefix cache in the prefill call (a group's copies
 share the prompt's whole KV blocks: `--block-size`, our CPU engine's 32 unless given).
 """
 
@@ -39,11 +41,21 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--block-size", type=int, default=0, help="KV block size (0: the engine's CPU default)")
+    p.add_argument("--eager", type=int, default=1, help="vLLM's enforce_eager (0: its torch.compile of the model)")
+    p.add_argument(
+        "--sampler", choices=("seeded", "vllm"), default="seeded", help="vllm: vLLM CPU's own Gumbel sampler"
+    )
     p.add_argument("--out", type=Path)
     a = p.parse_args()
+    from agentrl_ray.rollout import vllm_engine
     from agentrl_ray.rollout.vllm_engine import vllm_env
 
-    os.environ.update(vllm_env(use_gpu=False))
+    env = vllm_env(use_gpu=False)
+    if any(os.environ.get(k) != v for k, v in env.items()):
+        # glibc reads its malloc settings when a process starts, as the pool starts an engine's process with them.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
+    if a.sampler == "vllm":
+        vllm_engine.use_seeded_sampling_on_cpu = lambda: None
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
     import torch
 
@@ -61,7 +73,7 @@ def main() -> None:
         seed=0,
         max_model_len=a.prompt_len + a.decode + 8,
         max_num_seqs=a.prompts * a.group,
-        enforce_eager=True,
+        enforce_eager=bool(a.eager),
         gpu_memory_utilization=0.9,
         use_gpu=False,
         kv_cache_bytes=2 * 2**30,
@@ -101,6 +113,9 @@ def main() -> None:
         "prompt_len": a.prompt_len,
         "load_s": load_s,
         "block_size": block_size,
+        "enforce_eager": bool(a.eager),
+        "sampler": a.sampler,
+        "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
         "prefill_s": prefill,
         "prefill_tokens_cached": cached,
         # Prefix caching shares a group's prompt only once its blocks are computed: between these two counts.

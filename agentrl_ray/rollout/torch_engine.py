@@ -9,8 +9,9 @@ attention and no prefix cache across calls, every call prefills its prompts (doc
 How it keeps the engine contract (`rollout/engine.py`) on top of `model.generate`:
 - Sampling is ours, in a logits processor, so that each request has its own seed: every request draws its
   uniforms from a CPU generator seeded with its own seed (the same numbers on any device and in any batch), and a
-  token is picked by inverting the (top-p truncated) CDF with them. The processor hands `generate` a distribution
-  with all mass on that token, which `generate` then takes greedily. Temperature 0 is the argmax.
+  token is picked by inverting the (top-p truncated) CDF with them (`rollout/sampling.py`, as vLLM's CPU engine
+  does). The processor hands `generate` a distribution with all mass on that token, which `generate` then takes
+  greedily. Temperature 0 is the argmax.
 - Log-probs: of the sampled token under the raw logits' log-softmax (float32), as vLLM reports them.
 - Stops: a request ends at a stop token (kept in its output, as vLLM does) or at its own budget; a stopping
   criterion tells `generate`, which runs until every request has ended.
@@ -34,6 +35,7 @@ import torch
 
 from agentrl_ray.infra.allocator import allocator_env, release_freed_memory
 from agentrl_ray.rollout.engine import Generation
+from agentrl_ray.rollout.sampling import inverse_cdf
 
 if TYPE_CHECKING:
     from agentrl_ray.config import ModelConfig, RolloutConfig
@@ -118,11 +120,8 @@ class SeededSampler:
         if self.top_p < 1.0:
             probs, order = probs.sort(dim=-1, descending=True)
             probs = probs * ((probs.cumsum(-1) - probs) < self.top_p)  # the smallest prefix holding top_p
-        cdf = probs.cumsum(-1)  # (B, V)
-        target = self.uniforms[:, self.step].to(cdf.dtype) * cdf[:, -1]  # (B,)
-        # right=True: the first index whose CDF exceeds the draw, never a token of probability 0.
-        pick = torch.searchsorted(cdf, target[:, None], right=True).clamp_(max=cdf.shape[-1] - 1)  # (B, 1)
-        return (order.gather(1, pick) if order is not None else pick).squeeze(1)
+        pick = inverse_cdf(probs, self.uniforms[:, self.step])  # (B,)
+        return order.gather(1, pick[:, None]).squeeze(1) if order is not None else pick
 
     def stopping(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
         return self.done.clone()
