@@ -13,8 +13,8 @@ step); decode = `generate(max_tokens=1 + decode)` minus that prefill, per decode
 a few hundred tokens of context are dominated by the weights and the MLP, so `--decode 32` extrapolates to 256
 tokens by x 256/32 (stated as such in docs/benchmarks.md); the attention share is computed in the roofline.
 The process runs with the engine's environment (`vllm_env`, its malloc settings included: it re-executes itself
-with them). `prefill_tokens_cached`: the prompt tokens vLLM served from its prefix cache in the prefill call (a group's copies
-share the prompt's whole KV blocks: `--block-size`, our CPU engine's 32 unless given).
+with them). `prefill_tokens_cached`: the prompt tokens vLLM served from its prefix cache in the prefill call (a
+group's copies share the prompt's whole KV blocks: `--block-size`, our CPU engine's 32 unless given).
 """
 
 from __future__ import annotations
