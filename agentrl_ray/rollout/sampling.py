@@ -9,7 +9,7 @@ replaces with this one.
 
 One uniform per request, against a Gumbel-max sampler's one random number per vocabulary entry: at 64 sequences x
 151,936 tokens, vLLM CPU's `fused_gumbel_argmax` took 21 ms of a 129 ms decode iteration on 2 cores, and this
-takes ~6 ms (a softmax, a cumulative sum, a binary search; docs/benchmarks.md).
+takes ~7 ms (a softmax, a cumulative sum, a binary search; docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Two modes, decided by `rollout.engine_modes.engine_modes` and fixed at construct
 - native LoRA (`lora_rank` > 0): built with `enable_lora`; `set_adapter(folder)` registers a PEFT folder as a new
   `LoRARequest` (a new id each time, the previous one removed) that every later generation uses.
 
-On CPU, a request's random sampling is the torch engine's (`use_seeded_sampling_on_cpu`): a quarter of the cost of
+On CPU, a request's random sampling is the torch engine's (`use_seeded_sampling_on_cpu`): a third of the cost of
 vLLM CPU's, and the same token from the same probabilities and seed in both backends.
 """
 
