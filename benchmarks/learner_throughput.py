@@ -38,7 +38,8 @@ counted. MFU = FLOPs / median step / `--peak-tflops` (790: an H200's measured de
 earlier measurements used); `matmul_tflops` is this device's own bfloat16 8192^3 matmul rate, measured first.
 `--paired N` then runs N steps with the exact eager levers (`-nomask`, `-peftcast`) off and N on, alternating in the
 same process (`paired_off_s`, `paired_on_s`): at a few percent they are below the spread between processes.
-`--paired-keep N` does the same for the head's kept probabilities (`paired_keep_off_s`, `paired_keep_on_s`).
+`--paired-keep N` does the same for the head's kept probabilities (`paired_keep_off_s`, `paired_keep_on_s`);
+`--paired-scatter N` for how their gradient writes the targets (`paired_scatter_s`, `paired_index_put_s`).
 Each variant also records its log-probs of the first micro-batch before any update; `logprob_gap_vs` is the largest
 difference at scored positions against the setting's first variant (the levers must not change the numbers beyond
 bfloat16 kernel rounding).
@@ -74,7 +75,7 @@ SETTINGS = {
     },
 }
 CHILD_ARGS = ("device", "shape", "micro_batch", "micro_batches", "seq", "prompt_len", "warmup", "steps", "profile")
-CHILD_ARGS += ("peak_tflops", "min_len", "paired", "paired_keep", "paired_thread")
+CHILD_ARGS += ("peak_tflops", "min_len", "paired", "paired_keep", "paired_thread", "paired_scatter")
 LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "-keep", "compile", "mb16")
 LEVERS += ("zero0", "zero1")
 SHAPES = {
@@ -234,6 +235,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
     paired = paired_exact_levers(policy, lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired)
     paired |= paired_keep(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_keep)
     paired |= paired_thread(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_thread)
+    paired |= paired_scatter(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_scatter)
     profile = profile_step(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.profile) if args.profile else []
 
     params = dict(policy.module.named_parameters())
@@ -312,6 +314,35 @@ def paired_keep(step, pairs: int) -> dict:
             times[on].append(round(time.perf_counter() - t0, 4))
     chunked_logprobs.KEEP_BYTES, chunked_logprobs.CUDA_KEEP_BYTES = before
     return {"paired_keep_off_s": times[False], "paired_keep_on_s": times[True]}
+
+
+def _grad_logits_kept_by_scatter(p, targets, logp, g, temperature: float):
+    """The kept-probabilities head gradient as it was before round 6: `scatter_` of the targets' values into the
+    bfloat16 (t, V) tensor, which torch's CPU kernel does by converting all of it to float32 and back."""
+    import torch
+
+    g = g / temperature
+    dz = p.mul(-g.to(p.dtype))
+    return dz.scatter_(-1, targets[:, None], (g * -torch.expm1(logp[:, None])).to(p.dtype))
+
+
+def paired_scatter(step, pairs: int) -> dict:
+    """`pairs` steps with the head's kept-probabilities gradient written by `scatter_` (before) and as many by
+    `index_put_` (chunked_logprobs now), alternating in this process (ABBA order)."""
+    if not pairs:
+        return {}
+    from agentrl_ray.learner import chunked_logprobs
+
+    current = chunked_logprobs._grad_logits_kept
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(pairs):
+        for new in (False, True) if i % 2 == 0 else (True, False):
+            chunked_logprobs._grad_logits_kept = current if new else _grad_logits_kept_by_scatter
+            t0 = time.perf_counter()
+            step()
+            times[new].append(round(time.perf_counter() - t0, 4))
+    chunked_logprobs._grad_logits_kept = current
+    return {"paired_scatter_s": times[False], "paired_index_put_s": times[True]}
 
 
 def paired_thread(step, pairs: int) -> dict:
@@ -421,6 +452,9 @@ def main() -> None:
     p.add_argument("--paired", type=int, default=0, help="then N steps each with -nomask,-peftcast off/on, ABBA")
     p.add_argument("--paired-keep", type=int, default=0, help="then N steps each with -keep off/on, ABBA")
     p.add_argument("--paired-thread", type=int, default=0, help="then N steps each in the main/another thread, ABBA")
+    p.add_argument(
+        "--paired-scatter", type=int, default=0, help="then N steps each with the head gradient's scatter_/index_put_"
+    )
     p.add_argument(
         "--allocator", choices=("glibc", "run"), default="glibc", help="run: a CPU learner's malloc settings in a run"
     )
