@@ -24,7 +24,10 @@ A variant is a setting and its levers, `SETTING[.LEVER...]`:
   turn one of them back alone;
 - `compile`: learner.compile=true (every decoder layer compiled, and the head's chunk math fused);
 - `mb16`: one micro-batch of 16 sequences instead of two of 8;
-- `zero0`, `zero1`: DeepSpeed's ZeRO stage 0 or 1 instead of 2 (one GPU has nothing to partition).
+- `zero0`, `zero1`: DeepSpeed's ZeRO stage 0 or 1 instead of 2 (one GPU has nothing to partition);
+- with `compile`: `static` compiles the layers for this benchmark's fixed shape (`dynamic=False`; a run's batches
+  change length every step, so the learner compiles them with dynamic shapes), `cudagraphs` on top of that replays
+  them as CUDA graphs (`mode="reduce-overhead"`).
 
 A step is `--micro-batches` x `--micro-batch` sequences of up to `--seq` tokens (default 2 x 8 x 1,024): a
 `--prompt-len` prompt (no loss), then 3/16-of-seq action segments and 1/16-of-seq tool-result segments alternating
@@ -77,7 +80,7 @@ SETTINGS = {
 CHILD_ARGS = ("device", "shape", "micro_batch", "micro_batches", "seq", "prompt_len", "warmup", "steps", "profile")
 CHILD_ARGS += ("peak_tflops", "min_len", "paired", "paired_keep", "paired_thread", "paired_scatter")
 LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "-keep", "compile", "mb16")
-LEVERS += ("zero0", "zero1")
+LEVERS += ("zero0", "zero1", "static", "cudagraphs")
 SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000),
@@ -182,6 +185,12 @@ def apply_levers(levers: list[str]) -> None:
         guards.ONE_NORM_CHECK = False
     if "-keep" in off:
         chunked_logprobs.KEEP_BYTES = chunked_logprobs.CUDA_KEEP_BYTES = 0
+    if "static" in levers or "cudagraphs" in levers:
+        from agentrl_ray.learner import compilation
+
+        compilation.LAYER_COMPILE_OPTIONS = {"dynamic": False}
+        if "cudagraphs" in levers:
+            compilation.LAYER_COMPILE_OPTIONS["mode"] = "reduce-overhead"
 
 
 def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
@@ -197,6 +206,8 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
     unknown = [x for x in levers if x not in LEVERS]
     if setting not in SETTINGS[args.device] or unknown:
         raise SystemExit(f"unknown variant {variant!r}: settings {list(SETTINGS[args.device])}, levers {LEVERS}")
+    if ("static" in levers or "cudagraphs" in levers) and "compile" not in levers:
+        raise SystemExit(f"variant {variant!r}: `static` and `cudagraphs` change how `compile` compiles")
     apply_levers(levers)
     device = torch.device("cuda:0" if args.device == "cuda" else "cpu")
     if device.type == "cuda":
@@ -236,7 +247,9 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
     paired |= paired_keep(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_keep)
     paired |= paired_thread(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_thread)
     paired |= paired_scatter(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_scatter)
-    profile = profile_step(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.profile) if args.profile else []
+    profile, busy = [], {}
+    if args.profile:
+        profile, busy = profile_step(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.profile)
 
     params = dict(policy.module.named_parameters())
     n_lora = sum(p.numel() for n, p in params.items() if "lora_" in n)
@@ -268,6 +281,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
         "mfu": round(flops / step_s / 1e12 / args.peak_tflops, 4),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
         "top_kernels": profile,
+        "device_busy": busy,
         **paired,
     }
 
@@ -296,6 +310,13 @@ def paired_exact_levers(policy, step, pairs: int) -> dict:
     return {"paired_off_s": times[False], "paired_on_s": times[True]}
 
 
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def paired_keep(step, pairs: int) -> dict:
     """`pairs` steps with the head's backward recomputing its logits and as many reading the probabilities forward
     kept (chunked_logprobs.KEEP_BYTES), alternating in this process (ABBA order)."""
@@ -309,8 +330,10 @@ def paired_keep(step, pairs: int) -> dict:
     for i in range(pairs):
         for on in (False, True) if i % 2 == 0 else (True, False):
             chunked_logprobs.KEEP_BYTES, chunked_logprobs.CUDA_KEEP_BYTES = budget if on else (0, 0)
+            _sync()
             t0 = time.perf_counter()
             step()
+            _sync()
             times[on].append(round(time.perf_counter() - t0, 4))
     chunked_logprobs.KEEP_BYTES, chunked_logprobs.CUDA_KEEP_BYTES = before
     return {"paired_keep_off_s": times[False], "paired_keep_on_s": times[True]}
@@ -381,20 +404,32 @@ def paired_thread(step, pairs: int) -> dict:
     return {"paired_main_thread_s": times[False], "paired_other_thread_s": times[True]}
 
 
-def profile_step(step, top: int) -> list[dict]:
-    """One step under torch.profiler: the `top` operations by device (else CPU) self time."""
+def profile_step(step, top: int) -> tuple[list[dict], dict]:
+    """One step under torch.profiler: the `top` operations by device (else CPU) self time, and on a GPU how busy it
+    was (`device_busy`: the kernels' summed time, their count, and the profiled step's wall time; a busy share well
+    under 1 means the step waits on the host: launches, Python, synchronisations)."""
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    _sync()
     with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
         step()
-        if cuda:
-            torch.cuda.synchronize()
+        _sync()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    averages = prof.key_averages()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:top]
-    return [{"name": e.key[:90], "calls": e.count, "ms": round(getattr(e, key) / 1e3, 2)} for e in events]
+    events = sorted(averages, key=lambda e: getattr(e, key), reverse=True)[:top]
+    busy = {}
+    if cuda:
+        kernels = [e for e in averages if e.device_type == DeviceType.CUDA]
+        kernel_ms = sum(e.self_device_time_total for e in kernels) / 1e3
+        busy = {"kernels": sum(e.count for e in kernels), "kernel_ms": round(kernel_ms, 1),
+                "wall_ms": round(wall_ms, 1), "busy_share": round(kernel_ms / wall_ms, 3)}  # fmt: skip
+    return [{"name": e.key[:90], "calls": e.count, "ms": round(getattr(e, key) / 1e3, 2)} for e in events], busy
 
 
 def matmul_tflops(device: str) -> float | None:
@@ -503,7 +538,8 @@ def main() -> None:
             print(
                 f"{variant:28s} "
                 + (f"{r['tokens_per_s']:>10,.0f} tok/s  mfu {r['mfu']:.3f}  step {r['step_s_median']:.3f} s  "
-                   f"peak {r['peak_mem_gib']} GiB" if r["ok"] else "FAILED: " + r["error"][-600:]),
+                   f"peak {r['peak_mem_gib']} GiB  busy {r['device_busy'].get('busy_share', '-')}"
+                if r["ok"] else "FAILED: " + r["error"][-600:]),
                 flush=True,
             )  # fmt: skip
         compare(results, folder)

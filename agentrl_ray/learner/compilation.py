@@ -11,6 +11,10 @@ log = logging.getLogger("agentrl_ray")
 
 
 COMPILE_AUTO_PARAMS = 200_000_000  # learner.compile=auto compiles models of at least this many parameters
+# torch.compile's options for each layer. Dynamic shapes: one graph serves every micro-batch and sequence length
+# (a run's batches change length every step). benchmarks/learner_throughput.py's `static` and `cudagraphs` levers
+# change these to measure what a fixed shape, or CUDA graphs on top of it, would bring on a GPU.
+LAYER_COMPILE_OPTIONS: dict = {"dynamic": True}
 
 
 def wants_compile(
@@ -68,7 +72,7 @@ def compile_layers(model, device: torch.device) -> int:
             f"{sorted(_layer_names(model))}), so there is nothing to compile layer by layer; set learner.compile=false"
         )
     for layer in layers:
-        layer.compile(dynamic=True)
+        layer.compile(**LAYER_COMPILE_OPTIONS)
     return len(layers)
 
 

@@ -35,3 +35,19 @@ def test_learner_throughput_benchmark_runs_on_a_cpu(tmp_path):
     assert by["lorabf16"]["logprob_gap_vs"] == {"lorabf16.old": 0.0}
     assert len(by["lorabf16"]["paired_off_s"]) == len(by["lorabf16"]["paired_on_s"]) == 1
     assert len(by["lorabf16"]["paired_keep_off_s"]) == len(by["lorabf16"]["paired_keep_on_s"]) == 1
+
+
+def test_the_static_and_cudagraphs_levers_change_how_the_layers_compile(monkeypatch):
+    """`static` compiles the layers for the benchmark's fixed shape and `cudagraphs` adds CUDA graphs on top; the
+    learner itself keeps dynamic shapes (a run's batches change length every step)."""
+    from agentrl_ray.learner import compilation
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import learner_throughput
+
+    monkeypatch.setattr(compilation, "LAYER_COMPILE_OPTIONS", dict(compilation.LAYER_COMPILE_OPTIONS))
+    assert compilation.LAYER_COMPILE_OPTIONS == {"dynamic": True}
+    learner_throughput.apply_levers(["compile", "static"])
+    assert compilation.LAYER_COMPILE_OPTIONS == {"dynamic": False}
+    learner_throughput.apply_levers(["compile", "cudagraphs"])
+    assert compilation.LAYER_COMPILE_OPTIONS == {"dynamic": False, "mode": "reduce-overhead"}

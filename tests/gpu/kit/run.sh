@@ -16,7 +16,8 @@
 # Environment overrides (defaults are for the GPU machine):
 #   PY (python3), SITE (/tmp/agentrl_site), PROJ (/tmp/agentrl_project), AGENTRL_CACHE (/tmp/agentrl_cache),
 #   OUT (/tmp/gpu_out), T_ALL (420: pytest as a whole, seconds), T_TEST (240: per test, pytest-timeout),
-#   TESTS (the pytest selection; default "tests/gpu/test_gpu_e2e.py tests/gpu/test_gpu_learner.py -m gpu"),
+#   TESTS (the pytest selection; default "tests/gpu/test_gpu_e2e.py tests/gpu/test_gpu_learner.py -m gpu"; "none":
+#   no pytest, the exit status is BENCH's),
 #   RAY_STOP (0: no `ray stop --force` afterwards, for a machine shared with other Ray users), BENCH (none),
 #   T_BENCH (300).
 set -u
@@ -139,6 +140,10 @@ EOF
 
 # ---------------------------------------------------------------------------------------------- 1. the tests
 BASETEMP=$(mktemp -d /tmp/agentrl_pytest.XXXXXX)
+if [ "$TESTS" = none ]; then  # a benchmark-only run (BENCH): the device time goes to the benchmark
+  log "TESTS=none: no pytest" | tee "$OUT/pytest.log"
+  RC=0
+else
 log "pytest $TESTS (cut at ${T_ALL}s, ${T_TEST}s per test)" | tee "$OUT/pytest.log"
 # shellcheck disable=SC2086  # TESTS: words on purpose
 (
@@ -146,6 +151,7 @@ log "pytest $TESTS (cut at ${T_ALL}s, ${T_TEST}s per test)" | tee "$OUT/pytest.l
     --timeout="$T_TEST" --basetemp="$BASETEMP/t"
 ) 2>&1 | timeout $((T_ALL + 40)) tee -a "$OUT/pytest.log"
 RC=${PIPESTATUS[0]}
+fi
 { [ "$RC" = 124 ] || [ "$RC" = 137 ]; } && log "pytest was cut at ${T_ALL}s" | tee -a "$OUT/pytest.log"
 log "pytest exit code $RC" | tee -a "$OUT/pytest.log"
 grep -a 'GPU_E2E_JSON ' "$OUT/pytest.log" | sed 's/.*GPU_E2E_JSON //' > "$OUT/gpu_e2e.jsonl"
@@ -165,7 +171,9 @@ fi
 if [ -n "${BENCH:-}" ]; then
   log "BENCH (cut at ${T_BENCH:-300}s): $BENCH" | tee "$OUT/bench.log"
   (cd "$PROJ" && exec timeout -k 15 "${T_BENCH:-300}" bash -c "$BENCH") 2>&1 | tee -a "$OUT/bench.log"
-  log "BENCH exit code ${PIPESTATUS[0]}" | tee -a "$OUT/bench.log"
+  BRC=${PIPESTATUS[0]}
+  log "BENCH exit code $BRC" | tee -a "$OUT/bench.log"
+  [ "$TESTS" = none ] && RC=$BRC  # a benchmark-only run's status is the benchmark's
 fi
 
 # ---------------------------------------------------------------------------------------------- 2. clean-up
