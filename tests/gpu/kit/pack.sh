@@ -126,7 +126,7 @@ du -sm "$SITE" | awk '{print "  site before trimming: " $1 " MiB"}'
 rm -rf "$SITE"/ray/jars "$SITE"/ray/rllib "$SITE"/ray/serve "$SITE"/ray/llm "$SITE"/ray/dashboard/client \
   "$SITE"/ray/train/examples "$SITE"/ray/tune/examples "$SITE"/ray/data/examples
 # bitsandbytes: its CPU library and the CUDA 13.x ones (torch 2.11.0+cu130 there loads libbitsandbytes_cuda130).
-find "$SITE"/bitsandbytes -maxdepth 1 -name 'libbitsandbytes_*' ! -name 'libbitsandbytes_cpu.so' \
+[ ! -d "$SITE"/bitsandbytes ] || find "$SITE"/bitsandbytes -maxdepth 1 -name 'libbitsandbytes_*' ! -name 'libbitsandbytes_cpu.so' \
   ! -name 'libbitsandbytes_cuda130.so' ! -name 'libbitsandbytes_cuda132.so' -delete
 # pyarrow (Ray Train needs pyarrow.fs and the core library; it asks for pyarrow.fs.S3FileSystem on every checkpoint,
 # so S3 stays): not Flight, GCS/Azure/HDFS, ORC, its C++ tests, headers and Cython sources; of each libarrow_python*
