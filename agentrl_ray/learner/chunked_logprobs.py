@@ -4,7 +4,8 @@ At a real vocabulary the language-model head dominates the learner's memory: Qwe
 token are 0.6 MB in float32, so 64 samples of 300 tokens would need 11.7 GB for the logits alone, plus as much for
 their gradient. Here the head's matmul runs chunk by chunk over tokens (logits of a chunk, float32 log-softmax,
 gather, drop). Backward needs each token's softmax: where the call's (N, V) probabilities fit the device's keep
-budget (`keep_bytes_for`: 1 GiB on a CPU, i.e. ~3,500 scored tokens at 152k vocabulary in bfloat16) forward keeps
+budget (`keep_bytes_for`: 1 GiB on a CPU, i.e. ~3,500 scored tokens at 152k vocabulary in bfloat16; on a GPU up to
+8 GiB, at most a quarter of its free memory) forward keeps
 them in the head's dtype and backward reads them; beyond it backward recomputes each chunk's logits, so peak memory is
 one chunk's (chunk, V) temporaries whatever the batch, for one extra head matmul and softmax pass (the head is ~1/4
 of a 0.5B model's FLOPs).
@@ -27,10 +28,14 @@ CHUNK_ELEMENTS = 1 << 24  # a chunk's (tokens, V) float32 temporaries are at mos
 # On a GPU memory is plentiful and a 110-token chunk (at 152k vocabulary) starves the head's matmul and launches
 # ~10 kernels per chunk: 512 MiB chunks (883 tokens at 152k) keep the matmul large (benchmarks/learner_throughput.py).
 CUDA_CHUNK_ELEMENTS = 1 << 27
-# Forward keeps the (N, V) probabilities for backward when they fit: on a CPU that saves the recompute's head matmul
-# and float32 softmax pass (docs/benchmarks.md, "The CPU learner's levers"). 0 on a GPU: not measured there yet.
+# Forward keeps the (N, V) probabilities for backward when they fit: that saves the recompute's head matmul and
+# float32 softmax pass. On a CPU a step -7.3% (docs/benchmarks.md, "The CPU learner's levers"); on an H200 -3.9% at
+# 0.5B and -2 to -8% at 1.5B (16 x 1,024 tokens: 4.4 GB kept; docs/learner_speed.md, round 3). On a GPU the budget
+# is also at most CUDA_KEEP_FREE_SHARE of the memory it has free at the call (the driver's free memory and the
+# caching allocator's unused blocks), so that a GPU shared with an engine or a large model is not pushed to OOM.
 KEEP_BYTES = 1 << 30
-CUDA_KEEP_BYTES = 0
+CUDA_KEEP_BYTES = 8 << 30
+CUDA_KEEP_FREE_SHARE = 0.25
 
 
 def chunk_tokens_for(vocab: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
@@ -46,8 +51,15 @@ def chunk_elements_for(device: torch.device) -> int:
 
 
 def keep_bytes_for(device: torch.device) -> int:
-    """The most bytes of (N, V) probabilities forward keeps for backward on `device` (beyond: recomputed)."""
-    return CUDA_KEEP_BYTES if device.type == "cuda" else KEEP_BYTES
+    """The most bytes of (N, V) probabilities forward keeps for backward on `device` (beyond: recomputed): KEEP_BYTES
+    on a CPU; on a GPU CUDA_KEEP_BYTES or CUDA_KEEP_FREE_SHARE of its free memory now, whichever is smaller."""
+    if device.type != "cuda":
+        return KEEP_BYTES
+    if not CUDA_KEEP_BYTES:
+        return 0
+    free, _total = torch.cuda.mem_get_info(device)
+    unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # the allocator's own free blocks
+    return min(CUDA_KEEP_BYTES, int((free + unused) * CUDA_KEEP_FREE_SHARE))
 
 
 def _forward_chunk(

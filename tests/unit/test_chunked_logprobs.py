@@ -103,6 +103,26 @@ def test_probabilities_are_kept_only_within_the_budget_and_only_for_training(mon
     assert chunked_logprobs.keep_bytes_for(torch.device("cpu")) > 0
 
 
+def test_a_gpu_keeps_at_most_a_quarter_of_its_free_memory(monkeypatch):
+    """On a GPU the kept probabilities' budget is CUDA_KEEP_BYTES, or a quarter of the memory free at the call (the
+    driver's free bytes and the caching allocator's unused blocks) where that is less; CUDA_KEEP_BYTES = 0 turns
+    keeping off. The CUDA queries are stood in for: this checks the rule, a GPU run checks the rest."""
+    gib = 1 << 30
+    state = {"free": 60 * gib, "reserved": 30 * gib, "allocated": 26 * gib}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (state["free"], 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: state["reserved"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: state["allocated"])
+    cuda = torch.device("cuda", 0)
+    assert chunked_logprobs.keep_bytes_for(cuda) == chunked_logprobs.CUDA_KEEP_BYTES == 8 * gib
+    state["free"] = 10 * gib  # (10 + 4) / 4
+    assert chunked_logprobs.keep_bytes_for(cuda) == int(3.5 * gib)
+    state["free"], state["allocated"] = 0, 30 * gib
+    assert chunked_logprobs.keep_bytes_for(cuda) == 0
+    monkeypatch.setattr(chunked_logprobs, "CUDA_KEEP_BYTES", 0)
+    state["free"] = 60 * gib
+    assert chunked_logprobs.keep_bytes_for(cuda) == 0
+
+
 def test_kept_bf16_probabilities_give_a_confident_token_its_gradient():
     """With bfloat16 kept probabilities a confident target's 1 - p(y) (~1e-3, below bfloat16's resolution at 1)
     still comes from the float32 log-prob: the hidden states' gradient matches the recomputing path's to bfloat16
