@@ -27,7 +27,9 @@ A variant is a setting and its levers, `SETTING[.LEVER...]`:
 - `zero0`, `zero1`: DeepSpeed's ZeRO stage 0 or 1 instead of 2 (one GPU has nothing to partition);
 - with `compile`: `static` compiles the layers for this benchmark's fixed shape (`dynamic=False`; a run's batches
   change length every step, so the learner compiles them with dynamic shapes), `cudagraphs` on top of that replays
-  them as CUDA graphs (`mode="reduce-overhead"`).
+  them as CUDA graphs (`mode="reduce-overhead"`; with layers compiled one by one this fails on a GPU: the 24
+  layers share one graph, whose replay overwrites the previous layer's output), `stack` compiles the module holding
+  the layers as one graph instead of each layer (one call's host overhead per forward, and one CUDA graph).
 
 A step is `--micro-batches` x `--micro-batch` sequences of up to `--seq` tokens (default 2 x 8 x 1,024): a
 `--prompt-len` prompt (no loss), then 3/16-of-seq action segments and 1/16-of-seq tool-result segments alternating
@@ -80,7 +82,7 @@ SETTINGS = {
 CHILD_ARGS = ("device", "shape", "micro_batch", "micro_batches", "seq", "prompt_len", "warmup", "steps", "profile")
 CHILD_ARGS += ("peak_tflops", "min_len", "paired", "paired_keep", "paired_thread", "paired_scatter")
 LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "-keep", "compile", "mb16")
-LEVERS += ("zero0", "zero1", "static", "cudagraphs")
+LEVERS += ("zero0", "zero1", "static", "cudagraphs", "stack")
 SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000),
@@ -191,6 +193,10 @@ def apply_levers(levers: list[str]) -> None:
         compilation.LAYER_COMPILE_OPTIONS = {"dynamic": False}
         if "cudagraphs" in levers:
             compilation.LAYER_COMPILE_OPTIONS["mode"] = "reduce-overhead"
+    if "stack" in levers:
+        from agentrl_ray.learner import compilation
+
+        compilation.COMPILE_SCOPE = "stack"
 
 
 def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
@@ -206,8 +212,8 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
     unknown = [x for x in levers if x not in LEVERS]
     if setting not in SETTINGS[args.device] or unknown:
         raise SystemExit(f"unknown variant {variant!r}: settings {list(SETTINGS[args.device])}, levers {LEVERS}")
-    if ("static" in levers or "cudagraphs" in levers) and "compile" not in levers:
-        raise SystemExit(f"variant {variant!r}: `static` and `cudagraphs` change how `compile` compiles")
+    if {"static", "cudagraphs", "stack"} & set(levers) and "compile" not in levers:
+        raise SystemExit(f"variant {variant!r}: `static`, `cudagraphs` and `stack` change how `compile` compiles")
     apply_levers(levers)
     device = torch.device("cuda:0" if args.device == "cuda" else "cpu")
     if device.type == "cuda":

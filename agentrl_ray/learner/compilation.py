@@ -15,6 +15,12 @@ COMPILE_AUTO_PARAMS = 200_000_000  # learner.compile=auto compiles models of at 
 # (a run's batches change length every step). benchmarks/learner_throughput.py's `static` and `cudagraphs` levers
 # change these to measure what a fixed shape, or CUDA graphs on top of it, would bring on a GPU.
 LAYER_COMPILE_OPTIONS: dict = {"dynamic": True}
+# What is compiled: "layers", each decoder layer (one graph that all of them share), or "stack", the module that
+# holds the layers (embedding, every layer and the final norm in one graph: one call's host overhead per forward
+# instead of one per layer; on a GPU the 0.5B step waits on the host for a fifth to a third of its time,
+# docs/learner_speed.md round 3). benchmarks/learner_throughput.py's `stack` lever sets "stack"; not yet measured on
+# a GPU, so runs compile layers.
+COMPILE_SCOPE = "layers"
 
 
 def wants_compile(
@@ -71,9 +77,21 @@ def compile_layers(model, device: torch.device) -> int:
             f"learner.compile=true: {type(base).__name__} names no repeated decoder layer (_no_split_modules is "
             f"{sorted(_layer_names(model))}), so there is nothing to compile layer by layer; set learner.compile=false"
         )
+    if COMPILE_SCOPE == "stack":
+        _stack_of(model, layers).compile(**LAYER_COMPILE_OPTIONS)
+        return len(layers)
     for layer in layers:
         layer.compile(**LAYER_COMPILE_OPTIONS)
     return len(layers)
+
+
+def _stack_of(model, layers: list):
+    """The module whose ModuleList child holds the decoder layers (a Hugging Face model's `model.model`)."""
+    for module in model.modules():
+        for child in module.children():
+            if isinstance(child, torch.nn.ModuleList) and any(c is layers[0] for c in child):
+                return module
+    raise ValueError(f"no module holds {type(layers[0]).__name__} in a ModuleList: compile the layers instead")
 
 
 def _cpp_compiler_error() -> Exception | None:

@@ -77,6 +77,22 @@ def test_compiled_layers_compute_what_eager_layers_compute(builtin_model_path):
 
 
 @pytest.mark.slow  # over ~3 s: left out of `make test-fast`
+def test_the_compiled_stack_computes_what_eager_layers_compute(builtin_model_path, monkeypatch):
+    """COMPILE_SCOPE="stack": the module holding the decoder layers compiled as one graph (the benchmark's `stack`
+    lever) gives the eager log-probs and gradients, under the same parameter names."""
+    monkeypatch.setattr(compilation, "COMPILE_SCOPE", "stack")
+    eager, compiled = _lora_model(builtin_model_path), _lora_model(builtin_model_path)
+    names = [n for n, _ in compiled.named_parameters()]
+    assert compile_layers(compiled, torch.device("cpu")) == compiled.get_base_model().config.num_hidden_layers
+    assert [n for n, _ in compiled.named_parameters()] == names
+    stack = compilation._stack_of(compiled, _decoder_layers(compiled))
+    assert stack is compiled.get_base_model().model and stack._compiled_call_impl is not None
+    assert all(getattr(m, "_compiled_call_impl", None) is None for m in _decoder_layers(compiled))
+    ids = torch.randint(10, 300, (2, 24), generator=torch.Generator().manual_seed(1))
+    _assert_same_logprobs_and_grads(eager, compiled, ids)
+
+
+@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
 def test_compiled_layers_under_gradient_checkpointing(builtin_model_path):
     """learner.compile with learner.gradient_checkpointing: checkpointing wraps each compiled layer's call and runs
     it again in backward. Log-probabilities and LoRA gradients equal the eager, unchecked model's."""

@@ -51,3 +51,7 @@ def test_the_static_and_cudagraphs_levers_change_how_the_layers_compile(monkeypa
     assert compilation.LAYER_COMPILE_OPTIONS == {"dynamic": False}
     learner_throughput.apply_levers(["compile", "cudagraphs"])
     assert compilation.LAYER_COMPILE_OPTIONS == {"dynamic": False, "mode": "reduce-overhead"}
+    monkeypatch.setattr(compilation, "COMPILE_SCOPE", compilation.COMPILE_SCOPE)
+    assert compilation.COMPILE_SCOPE == "layers"
+    learner_throughput.apply_levers(["compile", "stack"])
+    assert compilation.COMPILE_SCOPE == "stack"
