@@ -19,7 +19,7 @@
 #   TESTS (the pytest selection; default "tests/gpu/test_gpu_e2e.py tests/gpu/test_gpu_learner.py -m gpu"; "none":
 #   no pytest, the exit status is BENCH's),
 #   RAY_STOP (0: no `ray stop --force` afterwards, for a machine shared with other Ray users), BENCH (none),
-#   T_BENCH (300).
+#   T_BENCH (300), PACK_OUT (1: everything under $OUT packed into $OUT/results.tgz at the end; 0: left as files).
 set -u
 T0=$(date +%s)
 B=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)   # the carried kit folder
@@ -195,4 +195,12 @@ grep -aE '^=+ .*(passed|failed|error|skipped|deselected|no tests ran).* =+$|Time
 [ -s "$OUT/gpu_e2e.jsonl" ] && { echo "GPU_E2E_JSON lines ($OUT/gpu_e2e.jsonl):"; cut -c1-400 "$OUT/gpu_e2e.jsonl"; }
 echo "results in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
 } 2>&1 | tee "$OUT/summary.log"
+# The device tool brings back at most 8 files of $OUT (and the next command's $OUT starts empty): with PACK_OUT=1
+# (the default) everything goes into one archive, $OUT/results.tgz, beside summary.log; the files themselves move
+# to $OUT.files/ on the machine.
+if [ "${PACK_OUT:-1}" = 1 ] && tar -czf "/tmp/agentrl_results.$$.tgz" -C "$OUT" .; then
+  rm -rf "$OUT.files" && mkdir -p "$OUT.files" && mv "$OUT"/* "$OUT.files"/
+  mv "/tmp/agentrl_results.$$.tgz" "$OUT/results.tgz" && cp "$OUT.files/summary.log" "$OUT/"
+  echo "packed into $OUT/results.tgz ($(du -k "$OUT/results.tgz" | cut -f1) KiB): tar -xzf results.tgz"
+fi
 [ "$RC" = 0 ]
