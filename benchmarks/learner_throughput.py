@@ -369,8 +369,10 @@ def paired_scatter(step, pairs: int) -> dict:
     for i in range(pairs):
         for new in (False, True) if i % 2 == 0 else (True, False):
             chunked_logprobs._grad_logits_kept = current if new else _grad_logits_kept_by_scatter
+            _sync()
             t0 = time.perf_counter()
             step()
+            _sync()
             times[new].append(round(time.perf_counter() - t0, 4))
     chunked_logprobs._grad_logits_kept = current
     return {"paired_scatter_s": times[False], "paired_index_put_s": times[True]}

@@ -5,10 +5,9 @@ token are 0.6 MB in float32, so 64 samples of 300 tokens would need 11.7 GB for 
 their gradient. Here the head's matmul runs chunk by chunk over tokens (logits of a chunk, float32 log-softmax,
 gather, drop). Backward needs each token's softmax: where the call's (N, V) probabilities fit the device's keep
 budget (`keep_bytes_for`: 1 GiB on a CPU, i.e. ~3,500 scored tokens at 152k vocabulary in bfloat16; on a GPU up to
-8 GiB, at most a quarter of its free memory) forward keeps
-them in the head's dtype and backward reads them; beyond it backward recomputes each chunk's logits, so peak memory is
-one chunk's (chunk, V) temporaries whatever the batch, for one extra head matmul and softmax pass (the head is ~1/4
-of a 0.5B model's FLOPs).
+8 GiB, at most a quarter of its free memory) forward keeps them in the head's dtype and backward reads them; beyond
+it backward recomputes each chunk's logits, so peak memory is one chunk's (chunk, V) temporaries whatever the batch,
+for one extra head matmul and softmax pass (the head is ~1/4 of a 0.5B model's FLOPs).
 
 Only the positions a loss reads are computed (`needed`): a prompt's tokens and padding are in no loss, and at a real
 vocabulary the head is ~1/3 of the LoRA learner's arithmetic per token (its matmul forward, again in the recompute and
@@ -225,9 +224,9 @@ def hidden_token_logprobs(
     if needed is not None:
         rows = needed[:, 1:].reshape(-1).nonzero().squeeze(-1)  # (n,) flat positions that are read
         flat, targets = flat.index_select(0, rows), targets.index_select(0, rows)  # (n, H), (n,)
-    if keep_bytes is None:
-        keep_bytes = keep_bytes_for(hidden.device)
     trains = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if trains and keep_bytes is None:  # only then: on a GPU the budget asks the driver for its free memory
+        keep_bytes = keep_bytes_for(hidden.device)
     keep = trains and flat.shape[0] * weight.shape[0] * compute_dtype.itemsize <= keep_bytes
     with torch.autocast(hidden.device.type, enabled=False):  # dtypes are explicit inside
         logp, ent = _HiddenTokenLogProb.apply(
