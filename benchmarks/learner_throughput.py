@@ -180,7 +180,7 @@ def apply_levers(levers: list[str]) -> None:
     if "-nomask" in off:
         policy.right_padded = lambda mask: False
     if "-fusedadam" in off:
-        policy.FUSED_ADAMW_ON_GPU = False
+        policy.FUSED_ADAMW = False
     if "-peftcast" in off:
         policy.LORA_INPUT_UNCAST = False
     if "-gradcheck" in off:

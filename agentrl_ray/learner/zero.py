@@ -50,12 +50,14 @@ def deepspeed_config(cfg: LearnerConfig) -> dict[str, Any]:
     out = deep_merge(ours, copy.deepcopy(cfg.deepspeed_config))
     optimizer = out["optimizer"]
     adam = str(optimizer.get("type", "")).lower() in ("adam", "adamw")
-    if cfg.use_gpu and not cfg.offload_optimizer and adam and optimizer["params"].get("torch_adam", True):
-        # torch's fused AdamW kernel, which ships in the torch wheel. DeepSpeed's own FusedAdam compiles itself with
-        # nvcc on first use: it needs the CUDA toolkit on every learner node (runtime images have none), takes about
-        # a minute, and fails outright on an arch list with a suffix (TORCH_CUDA_ARCH_LIST="9.0a", common on Hopper
-        # machines). Decided after the merge: `learner.deepspeed_config.optimizer.params.torch_adam=false` brings
-        # FusedAdam back (which takes no `fused`), and another optimizer type gets neither key.
+    if not cfg.offload_optimizer and adam and optimizer["params"].get("torch_adam", True):
+        # torch's fused AdamW kernel, which ships in the torch wheel. DeepSpeed's own FusedAdam compiles itself on
+        # first use in each environment. On a GPU with nvcc: it needs the CUDA toolkit on every learner node
+        # (runtime images have none), takes about a minute, and fails outright on an arch list with a suffix
+        # (TORCH_CUDA_ARCH_LIST="9.0a", common on Hopper machines). On a CPU with g++: ~40 s on 2 cores, for no
+        # gain (100M float32 parameters: 44 ms a step with torch's, 45 ms with DeepSpeed's, docs/deepspeed.md).
+        # Decided after the merge: `learner.deepspeed_config.optimizer.params.torch_adam=false` brings FusedAdam
+        # back (which takes no `fused`), and another optimizer type gets neither key.
         optimizer["params"] = {"torch_adam": True, "fused": True, **optimizer["params"]}
     return out
 
@@ -69,10 +71,23 @@ def inference_config(ds_config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _without_inference_comm_op() -> None:
+    """Called before DeepSpeed starts its communication backend (`deepspeed.initialize`, `zero.Init`). On a CPU
+    that backend compiles DeepSpeed's shared-memory all-reduce op with g++ the first time in each environment (~30 s
+    on 2 cores), yet only `inference_all_reduce` (tensor-parallel inference) ever calls it, never training: marked
+    unavailable, the op is not built and every collective goes through torch.distributed as before. (No such op
+    exists for a GPU.)"""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def partitioned_init(ds_config: dict[str, Any]):
     """While the returned object is alive, `from_pretrained` builds models inside `deepspeed.zero.Init` and loads
     the checkpoint straight into the partitions (transformers keeps only a weak reference to it: hold it)."""
     from transformers.integrations import HfDeepSpeedConfig
+
+    _without_inference_comm_op()
 
     return HfDeepSpeedConfig(ds_config)
 
@@ -81,6 +96,7 @@ def initialize(module: torch.nn.Module, params: list[torch.nn.Parameter] | None,
     """`deepspeed.initialize`; without `params`, an engine without optimizer (the partitioned KL reference)."""
     import deepspeed
 
+    _without_inference_comm_op()
     if params is None:
         engine, *_ = deepspeed.initialize(model=module, config=inference_config(ds_config))
         return engine, None

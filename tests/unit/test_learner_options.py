@@ -55,16 +55,17 @@ def test_gpu_offload_pins_host_memory():
     assert ds["bf16"] == {"enabled": True}
 
 
-def test_gpu_learners_use_torch_fused_adamw_unless_offloaded_or_overridden():
-    """On GPU DeepSpeed gets torch's fused AdamW (no nvcc build at start); CPU and offloaded optimizers keep
-    DeepSpeed's own; the pass-through can bring FusedAdam back."""
+def test_deepspeed_learners_use_torch_fused_adamw_unless_offloaded_or_overridden():
+    """On a GPU and on a CPU DeepSpeed gets torch's fused AdamW (no nvcc or g++ build at start); offloaded
+    optimizers keep DeepSpeed's CPU Adam; the pass-through can bring FusedAdam back."""
 
     def params(*overrides):
         return deepspeed_config(load_config(None, ["profile=gpu", *overrides]).learner)["optimizer"]["params"]
 
     assert params()["torch_adam"] is True and params()["fused"] is True
     assert "torch_adam" not in params("learner.zero_stage=3", "learner.offload_optimizer=true")
-    assert "torch_adam" not in deepspeed_config(load_config(None, DS).learner)["optimizer"]["params"]
+    cpu = deepspeed_config(load_config(None, DS).learner)["optimizer"]["params"]
+    assert cpu["torch_adam"] is True and cpu["fused"] is True
     fused_adam = params("learner.deepspeed_config.optimizer.params.torch_adam=false")
     assert fused_adam["torch_adam"] is False and "fused" not in fused_adam  # FusedAdam takes no `fused`
     assert "torch_adam" not in params("learner.deepspeed_config.optimizer.type=Lamb")
