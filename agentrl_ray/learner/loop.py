@@ -101,7 +101,8 @@ def _train_loop(config: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         if groups:
             metrics.update(update(policy, groups, cfg, step, pad_id))
-        release_freed_memory()  # the micro-batches' activations, kept mapped during the update (allocator.py)
+        if cfg.learner.release_memory:
+            release_freed_memory()  # the micro-batches' activations, kept mapped during the update (allocator.py)
         t_learn = time.perf_counter() - t0
         nonfinite_in_a_row = nonfinite_in_a_row + 1 if metrics.get("loss/skipped_nonfinite") else 0
         guards.check_consecutive(nonfinite_in_a_row, cfg.learner.max_nonfinite_steps, step)
