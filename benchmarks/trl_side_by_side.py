@@ -58,6 +58,7 @@ class Settings:
     staleness: int = 1  # ours: sync.max_staleness (1 = roll out step t+1 while training on step t, our default)
     bf16: int = 0  # 1: bfloat16 math on both sides (TRL bf16=True; ours model.dtype=bfloat16 learner.bf16=true)
     compile: str = "auto"  # ours: learner.compile (auto, our default: compiled from 200M parameters; 1/0: on/off)
+    ours_overrides: str = ""  # ours: more config overrides, space-separated (e.g. "learner.release_memory=false")
     repeats: int = 2
     eval_prompts: int = 200
     eval_samples: int = 2  # sampled completions per held-out prompt (plus one greedy)
@@ -153,6 +154,7 @@ def run_ours(s: Settings, task: str, rep: int, prompt_lens: list[int]) -> dict:
         "run.eval_at_start=false",
         "run.checkpoint_every=0",
         "run.plot=false",
+        *s.ours_overrides.split(),
     ]
     run_dir.mkdir(parents=True)
     trace = run_watched(cmd, run_dir / "metrics.jsonl", Path(s.work_dir) / f"{name}.log", ROOT)
@@ -408,7 +410,7 @@ def main() -> None:
         # What may differ: our side's own settings, the number of repeats run now, and the micro-batch (memory only:
         # the loss is a token mean over the step's whole batch however it is split); the reused runs keep their own
         # settings in their record.
-        free = {"staleness", "work_dir", "micro_batch", "compile", "repeats"}
+        free = {"staleness", "work_dir", "micro_batch", "compile", "ours_overrides", "repeats"}
         differ = {k for k, v in asdict(s).items() if k not in free and before["settings"].get(k) != v}
         if differ:
             p.error(f"--reuse {args.reuse}: settings differ ({', '.join(sorted(differ))})")
