@@ -263,16 +263,48 @@ def test_a_frozen_learner_worker_is_declared_dead_at_its_deadline(reference, tmp
     _check_same_run(reference, weights, records, "SIGSTOP learner worker")
 
 
-def _freeze_then_kill(driver) -> None:
+_RUN_MARKER = "AGENTRL_TEST_KILLED_RUN"  # in the environment of every process of the run the test kills
+
+
+def _run_processes(pid: int, marker: str) -> list:
+    """The live processes of a run: `pid`, its descendants, and any process with `marker` in its environment."""
+    import psutil
+
+    found = {}
+    try:
+        found = {p.pid: p for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]}
+    except psutil.Error:
+        pass
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid not in found and proc.environ().get(_RUN_MARKER) == marker:
+                found[proc.pid] = proc
+        except psutil.Error:  # gone meanwhile, a zombie, or not ours to read
+            pass
+    return [p for p in found.values() if _alive(p)]
+
+
+def _alive(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _freeze_then_kill(driver, marker: str) -> None:
     """SIGKILL the driver and every process it started (its local Ray, engines, learner: a head machine that dies).
-    The tree is frozen first (SIGSTOP, process by process as it is found), so that no step ends while it is listed."""
+    The tree is frozen first (SIGSTOP, process by process as it is found), so that no step ends while it is listed.
+    A process is the run's if it descends from the driver or carries `marker` in its environment (every process of
+    the run inherits it): a worker the raylet was starting while the tree was listed once escaped the listing and
+    was left running for good (a `ray::TrainController`, parent 1, after its raylet was gone)."""
     import psutil
 
     frozen, seen = [], set()
     while True:  # a process may start children while its parents are being frozen: list again until none is new
-        try:
-            tree = [psutil.Process(driver.pid), *psutil.Process(driver.pid).children(recursive=True)]
-        except psutil.Error:
+        tree = _run_processes(driver.pid, marker)
+        if not tree:
             break
         new = [p for p in tree if p.pid not in seen]
         if not new:
@@ -300,21 +332,28 @@ def test_a_killed_driver_process_resumes_bit_identical(reference, tmp_path):
 
     cli = [sys.executable, "-m", "agentrl_ray.cli", "train", *SMALL, f"run.output_dir={tmp_path}", "run.name=driver"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, as a user's run
+    marker = str(tmp_path)
     run_dir = tmp_path / "driver"
     log_path = tmp_path / "driver.log"
     log = log_path.open("wb")  # a file, not a pipe: vLLM's logs would fill a pipe and block it
-    driver = subprocess.Popen(cli, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    driver = subprocess.Popen(
+        cli, env={**env, _RUN_MARKER: marker}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         while not (run_dir / "checkpoint_000001" / "trainer_state.pt").exists():
             assert driver.poll() is None, log_path.read_text()[-3000:]
             time.sleep(0.02)
-        _freeze_then_kill(driver)
+        _freeze_then_kill(driver, marker)
         driver.wait(timeout=60)
     finally:
         if driver.poll() is None:
             driver.kill()
         log.close()
     assert driver.returncode == -signal.SIGKILL, log_path.read_text()[-3000:]
+    deadline = time.monotonic() + 10  # SIGKILLed processes leave the process table once they are reaped
+    while (left := _run_processes(driver.pid, marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, [(p.pid, p.name()) for p in left]  # the dead head left nothing of the run behind
     done_before = sorted(p.name for p in run_dir.glob("checkpoint_*"))
     print(f"driver SIGKILL: checkpoints on disk when it died: {done_before}")
     assert f"checkpoint_{STEPS:06d}" not in done_before, "the run ended before the kill: nothing to resume"
