@@ -144,10 +144,10 @@ class LearnerConfig:
     release_memory: bool = True
     """CPU learner: at the end of each update give the memory it freed (the micro-batches' activations) back to the
     kernel (glibc's malloc_trim), so that it is not held while the engines sample. `false` keeps it mapped for the
-    next update, which then does not page-fault it in again: at the 0.5B LoRA bfloat16 shape on 2 cores a steady
-    step of 110.1 s against 124.9 s, for 1.26 GiB more peak memory summed over the run's processes (10.45 against
-    9.19 GiB: the learner's heap and the engine's rollout are then resident together; docs/benchmarks.md). For a
-    machine with memory to spare."""
+    next update, which then does not page-fault it in again. At the 0.5B LoRA bfloat16 shape on 2 cores, in two
+    pairs of runs: a steady step 3-15 s shorter (of 115-125 s; the runs of one setting spread by ~8 s), for 1.1-1.3
+    GiB more peak memory summed over the run's processes (the learner's heap and the engine's rollout are then
+    resident together; docs/benchmarks.md round 8). For a machine with memory to spare."""
     bf16: bool = False
     """DDP learner: bfloat16 autocast with float32 weights and optimizer (DeepSpeed uses its own settings); with LoRA
     the frozen base is loaded in bfloat16 (no float32 copy), the adapter stays float32."""
