@@ -119,7 +119,8 @@ class Policy:
 
     def _init_ddp(self, params: list[torch.nn.Parameter]) -> None:
         # fused: one kernel for the whole update (torch's default is the multi-tensor one): on a CPU too, where it
-        # is ~5.7x faster (44 against 249 ms for 100M float32 parameters on 2 cores, docs/benchmarks.md)
+        # is ~5.7x faster (44 against 249 ms for 100M float32 parameters on 2 cores, docs/deepspeed.md,
+        # benchmarks/cpu_adamw.py)
         self.optimizer = torch.optim.AdamW(
             params,
             lr=self.cfg.lr,
