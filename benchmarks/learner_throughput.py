@@ -20,8 +20,8 @@ A variant is a setting and its levers, `SETTING[.LEVER...]`:
   levers"): 64 MiB head chunks (110 tokens at 152k vocabulary), the attention mask always passed,
   torch's default (multi-tensor) AdamW, PEFT casting each adapter's input to float32, the NaN/inf guard checking
   each gradient tensor with a host sync of its own, the head's backward recomputing its logits (instead of reading the
-  probabilities forward kept); `-chunk`, `-nomask`, `-fusedadam`, `-peftcast`, `-gradcheck`, `-keep`
-  turn one of them back alone;
+  probabilities forward kept), each micro-batch's shared prompt computed per row (`learner.shared_prefix` off);
+  `-chunk`, `-nomask`, `-fusedadam`, `-peftcast`, `-gradcheck`, `-keep`, `-share` turn one of them back alone;
 - `compile`: learner.compile=true (every decoder layer compiled, and the head's chunk math fused);
 - `mb16`: one micro-batch of 16 sequences instead of two of 8;
 - `zero0`, `zero1`: DeepSpeed's ZeRO stage 0 or 1 instead of 2 (one GPU has nothing to partition);
@@ -44,7 +44,9 @@ earlier measurements used); `matmul_tflops` is this device's own bfloat16 8192^3
 `--paired N` then runs N steps with the exact eager levers (`-nomask`, `-peftcast`) off and N on, alternating in the
 same process (`paired_off_s`, `paired_on_s`): at a few percent they are below the spread between processes.
 `--paired-keep N` does the same for the head's kept probabilities (`paired_keep_off_s`, `paired_keep_on_s`);
-`--paired-scatter N` for how their gradient writes the targets (`paired_scatter_s`, `paired_index_put_s`).
+`--paired-scatter N` for how their gradient writes the targets (`paired_scatter_s`, `paired_index_put_s`);
+`--paired-share N` for `learner.shared_prefix` (`paired_share_off_s`, `paired_share_on_s`). A group's 8 sequences
+share their `--prompt-len` prompt.
 Each variant also records its log-probs of the first micro-batch before any update; `logprob_gap_vs` is the largest
 difference at scored positions against the setting's first variant (the levers must not change the numbers beyond
 bfloat16 kernel rounding).
@@ -80,8 +82,8 @@ SETTINGS = {
     },
 }
 CHILD_ARGS = ("device", "shape", "micro_batch", "micro_batches", "seq", "prompt_len", "warmup", "steps", "profile")
-CHILD_ARGS += ("peak_tflops", "min_len", "paired", "paired_keep", "paired_thread", "paired_scatter")
-LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "-keep", "compile", "mb16")
+CHILD_ARGS += ("peak_tflops", "min_len", "paired", "paired_keep", "paired_thread", "paired_scatter", "paired_share")
+LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "-keep", "-share", "compile", "mb16")
 LEVERS += ("zero0", "zero1", "static", "cudagraphs", "stack")
 SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -121,6 +123,7 @@ def batch_groups(args, vocab: int):
     groups, n = [], args.micro_batches * args.micro_batch
     for p in range(0, n, 8):
         trajs = []
+        prompt = torch.randint(3, vocab, (args.prompt_len,), generator=g).tolist()  # a group's rows share it
         for s in range(min(8, n - p)):
             shortest = args.seq // 2 if args.ragged else (args.min_len or args.seq)
             length = int(torch.randint(shortest, args.seq + 1, (1,), generator=g)) if shortest < args.seq else args.seq
@@ -132,7 +135,7 @@ def batch_groups(args, vocab: int):
                 Trajectory(
                     prompt_id=f"p{p}",
                     sample_index=s,
-                    token_ids=torch.randint(3, vocab, (length,), generator=g).tolist(),
+                    token_ids=(prompt + torch.randint(3, vocab, (length,), generator=g).tolist())[:length],
                     action_mask=[int(r == 1) for r in roles],
                     env_mask=[int(r == 2) for r in roles],
                     template_mask=[0] * length,
@@ -222,6 +225,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
     micro, n_micro = (16, 1) if "mb16" in levers else (args.micro_batch, args.micro_batches)
     overrides = [*SETTINGS[args.device][setting], f"learner.micro_batch_size={micro}", "echo.coeff=0.05"]
     overrides += ["algorithm.beta=0", f"learner.compile={str('compile' in levers).lower()}"]
+    overrides += ["learner.shared_prefix=false"] if {"old", "-share"} & set(levers) else []
     overrides += [f"learner.zero_stage={x[-1]}" for x in levers if x.startswith("zero")]
     cfg = load_config(None, overrides)
     shape = shape_config(args.shape)
@@ -253,6 +257,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
     paired |= paired_keep(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_keep)
     paired |= paired_thread(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_thread)
     paired |= paired_scatter(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_scatter)
+    paired |= paired_share(policy, lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_share)
     profile, busy = [], {}
     if args.profile:
         profile, busy = profile_step(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.profile)
@@ -378,6 +383,25 @@ def paired_scatter(step, pairs: int) -> dict:
     return {"paired_scatter_s": times[False], "paired_index_put_s": times[True]}
 
 
+def paired_share(policy, step, pairs: int) -> dict:
+    """`pairs` steps with each micro-batch's shared prefix computed per row and as many with it computed once
+    (`learner.shared_prefix`), alternating in this process (ABBA order; the first pair's compiled graphs are each
+    built in its own first step)."""
+    if not pairs or not policy.shared_prefix:
+        return {}
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(pairs):
+        for on in (False, True) if i % 2 == 0 else (True, False):
+            policy.shared_prefix = on
+            _sync()
+            t0 = time.perf_counter()
+            step()
+            _sync()
+            times[on].append(round(time.perf_counter() - t0, 4))
+    policy.shared_prefix = True
+    return {"paired_share_off_s": times[False], "paired_share_on_s": times[True]}
+
+
 def paired_thread(step, pairs: int) -> dict:
     """`pairs` steps in this process's main thread and as many in one long-lived other thread, as Ray Train runs the
     update in a run, alternating (ABBA order). glibc gives that thread heaps of its own (at most 64 MiB each;
@@ -498,6 +522,7 @@ def main() -> None:
     p.add_argument("--paired", type=int, default=0, help="then N steps each with -nomask,-peftcast off/on, ABBA")
     p.add_argument("--paired-keep", type=int, default=0, help="then N steps each with -keep off/on, ABBA")
     p.add_argument("--paired-thread", type=int, default=0, help="then N steps each in the main/another thread, ABBA")
+    p.add_argument("--paired-share", type=int, default=0, help="then N steps each with shared_prefix off/on, ABBA")
     p.add_argument(
         "--paired-scatter", type=int, default=0, help="then N steps each with the head gradient's scatter_/index_put_"
     )

@@ -155,6 +155,16 @@ class LearnerConfig:
     """Log-probabilities from the last hidden states chunk by chunk (agentrl_ray/learner/chunked_logprobs.py), never
     the whole (batch, tokens, vocabulary) logits; false: the model's full logits. Falls back to full logits under
     ZeRO-3."""
+    shared_prefix: Literal["auto", True, False] = "auto"
+    """Tokens that every sequence of a micro-batch begins with (a group's prompt; a task's system prompt and tool
+    schemas) go through the layers once, not once per sequence (agentrl_ray/learner/shared_prefix.py): the
+    micro-batch is packed into one row and attention runs per sequence over the prefix and its own tokens; the
+    micro-batches are cut along shared prompts where that computes fewer tokens than cutting by length. Not
+    bit-exact (the matmuls see other shapes: float rounding). `auto` (default): on for a CPU learner (0.5B LoRA
+    bfloat16, 58-token prompts, 4 sequences a micro-batch: 14% fewer tokens, the step ~17% shorter,
+    docs/benchmarks.md), off on a GPU until measured there; `true` on a GPU too. Models whose layers all attend
+    causally over the whole sequence through Hugging Face's SDPA attention; others, and left-padded batches, run
+    unpacked."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass (Hugging Face `gradient_checkpointing_enable`):
     activation memory of one layer instead of all, for ~30% more compute. Works with DDP, DeepSpeed and LoRA."""

@@ -75,15 +75,23 @@ def _largest_padded(lengths: list[int], num: int) -> int:
     return max((stop - start) * lengths[stop - 1] for start, stop in zip(bounds, bounds[1:]) if stop > start)
 
 
-def micro_batches(batch: TrainBatch, num: int) -> list[tuple[TrainBatch, float]]:
+def micro_batches(batch: TrainBatch, num: int, share_prefix: bool = False) -> list[tuple[TrainBatch, float]]:
     """Exactly `num` micro-batches (every rank must run the same number of backwards for DDP/ZeRO).
 
     A rank with fewer rows than `num` gets (row 0, weight 0.0) fillers: forward/backward with a zero loss.
     Rows are ordered by length first and each micro-batch is trimmed to its longest sequence, so little compute goes
     to padding (the loss is normalized over the whole step's batch, so how rows are grouped does not change it).
+    With `share_prefix` (the learner runs a micro-batch's common prefix once: learner/shared_prefix.py) the rows are
+    ordered by their tokens instead (a group's rows, which share their prompt, side by side) where that computes
+    fewer tokens (`computed_tokens`).
     """
     n = len(batch)
     order = torch.argsort(batch.attention_mask.sum(dim=1), stable=True)
+    if share_prefix:
+        rows = batch.input_ids.tolist()
+        by_tokens = torch.tensor(sorted(range(n), key=rows.__getitem__), dtype=torch.long)
+        if computed_tokens(batch, by_tokens, num) < computed_tokens(batch, order, num):
+            order = by_tokens
     batch = TrainBatch(**{k: v[order] for k, v in batch.__dict__.items()})
     out = []
     for i in range(num):
@@ -95,6 +103,23 @@ def micro_batches(batch: TrainBatch, num: int) -> list[tuple[TrainBatch, float]]
         t = int(mb.attention_mask.sum(dim=1).max())
         out.append((TrainBatch(**{k: (v[:, :t] if v.dim() == 2 else v) for k, v in mb.__dict__.items()}), weight))
     return out
+
+
+def computed_tokens(batch: TrainBatch, order: torch.Tensor, num: int) -> int:
+    """The tokens the layers compute for `batch`'s rows taken in `order` and cut into `num` micro-batches, each
+    trimmed to its longest row and its common prefix computed once (where `shared_prefix.worth_sharing`)."""
+    from agentrl_ray.learner.shared_prefix import common_prefix_length, worth_sharing
+
+    n, total = len(batch), 0
+    lengths = batch.attention_mask.sum(dim=1)
+    for i in range(num):
+        rows = order[n * i // num : n * (i + 1) // num]
+        if len(rows) == 0:
+            continue
+        t = int(lengths[rows].max())
+        prefix = common_prefix_length(batch.input_ids[rows, :t])
+        total += len(rows) * t - (len(rows) - 1) * prefix * worth_sharing(len(rows), prefix)
+    return total
 
 
 def broadcast_groups(groups: Any, world: int) -> Any:

@@ -102,7 +102,7 @@ def echo_ce(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, pad_id: 
     mine = shard(batch, rank, world)
     n_micro = micro_batch_count(batch, world, cfg.learner.micro_batch_size, cfg.learner.micro_batch_tokens)
     sums = torch.zeros(2, dtype=torch.float64)  # (negative log-likelihood, token count)
-    for mb, weight in micro_batches(mine, n_micro):
+    for mb, weight in micro_batches(mine, n_micro, policy.shared_prefix):
         mb = mb.to(policy.device)
         with torch.no_grad():
             logprobs, _ = policy.token_logprobs(

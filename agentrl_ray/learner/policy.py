@@ -15,7 +15,7 @@ import torch
 
 from agentrl_ray.config import LearnerConfig, ModelConfig
 from agentrl_ray.infra.hardware import emulated_bf16_warning, this_cpu
-from agentrl_ray.learner import qlora, zero
+from agentrl_ray.learner import qlora, shared_prefix, zero
 from agentrl_ray.learner.chunked_logprobs import hidden_token_logprobs
 from agentrl_ray.learner.compilation import compile_layers, wants_compile
 from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
@@ -70,6 +70,11 @@ class Policy:
             model = qlora.load_quantized(model_path, cfg, self.device)  # placed on the device while loading
         else:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype)
+        # before PEFT wraps it: the attention implementation is the Hugging Face model's own setting
+        share = cfg.shared_prefix if cfg.shared_prefix != "auto" else self.device.type == "cpu"
+        self.shared_prefix = bool(share) and shared_prefix.install(model)
+        if share and not self.shared_prefix and self.rank == 0:
+            log.info("learner.shared_prefix: %s does not attend as it packs; unpacked", type(model).__name__)
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         self.reference = None
@@ -97,6 +102,8 @@ class Policy:
                 # without optimizer). LoRA disables the adapter instead.
                 reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype)
                 reference.eval().requires_grad_(False)
+                # token_logprobs packs the reference's batches as the policy's (the same architecture)
+                self.shared_prefix = self.shared_prefix and shared_prefix.install(reference)
                 if self.partitioned:
                     reference = zero.initialize(reference, None, self.ds_config)[0]
                 self.reference = reference if self.partitioned else reference.to(self.device)
@@ -168,12 +175,23 @@ class Policy:
         # A right-padded batch runs without its mask (right_padded), on a CPU too: there SDPA's flash kernel gives
         # the same numbers at the real positions either way (measured: bit-identical), its attention 3% faster.
         mask = None if right_padded(attention_mask) else attention_mask
+        rows, prefix = input_ids.shape[0], 0
+        if self.shared_prefix and mask is None:
+            prefix = shared_prefix.common_prefix_length(input_ids)
+            prefix = prefix if shared_prefix.worth_sharing(rows, prefix) else 0
+
+        def forward() -> torch.Tensor:  # the model's `.logits` in the (B, T, ...) layout of input_ids
+            if not prefix:
+                return model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
+            ids, positions, layout = shared_prefix.pack(input_ids, prefix)
+            out = model(input_ids=ids, position_ids=positions, use_cache=False, **{shared_prefix.KWARG: layout})
+            return shared_prefix.unpack(out.logits, rows, prefix)
+
         with self.autocast():
             if head is None:
-                logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
-                return token_logprobs_and_entropy(logits, input_ids, with_entropy)
+                return token_logprobs_and_entropy(forward(), input_ids, with_entropy)
             with hidden_states_out(head):
-                hidden = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits  # (B,T,H)
+                hidden = forward()  # (B,T,H)
             return hidden_token_logprobs(
                 hidden, head.weight, input_ids, with_entropy, needed=needed, fused=self.compiled
             )

@@ -26,7 +26,7 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
     norm = LossNorm.of(full.action_mask, full.env_mask, a.loss_norm_constant or cfg.rollout.max_total_tokens, world)
     mine = shard(full, rank, world)
     n_micro = micro_batch_count(full, world, lc.micro_batch_size, lc.micro_batch_tokens)
-    mbs = [(mb.to(policy.device), w) for mb, w in micro_batches(mine, n_micro)]
+    mbs = [(mb.to(policy.device), w) for mb, w in micro_batches(mine, n_micro, policy.shared_prefix)]
     coeff = echo_coeff_at(cfg.echo, step)
     old = [mb.rollout_logprobs for mb, _ in mbs]
     # Every loss and metric reads log-probs through the action or environment mask: prompt and padding positions

@@ -246,3 +246,43 @@ def test_the_ipc_sender_gets_the_learners_gpu_tensors_and_the_others_host_copies
     assert all(t.is_cuda and t.data_ptr() == own[n] for n, t in ipc)
     assert all(t.device.type == "cpu" for _, t in host)
     assert all(torch.equal(a.cpu(), b) for (_, a), (_, b) in zip(ipc, host))
+
+
+def test_shared_prefix_on_cuda_gives_the_unpacked_log_probs_and_gradients(builtin_model_path, monkeypatch):
+    """learner.shared_prefix=true on a GPU (`auto` leaves it off there until measured): the packed micro-batch's
+    attention (two SDPA calls, the second with a (C, P + C) mask) gives the unpacked rows' log-probs and LoRA
+    gradients under bfloat16 autocast, to bfloat16 rounding."""
+    from builders import as_ray_train_rank_zero
+
+    from agentrl_ray.infra.profiles import load_config
+    from agentrl_ray.learner.policy import Policy
+
+    as_ray_train_rank_zero(monkeypatch, torch.device("cuda:0"))
+    cfg = load_config(None, ["profile=lora", "learner.shared_prefix=true", "learner.compile=false"])
+    torch.manual_seed(0)
+    policy = Policy(builtin_model_path, cfg.model, cfg.learner, need_reference=False)
+    assert policy.shared_prefix
+    for name, p in policy.module.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02)
+    g = torch.Generator().manual_seed(0)
+    vocab = policy.module.config.vocab_size
+    prompt = torch.randint(3, vocab, (40,), generator=g)
+    ids = torch.cat([prompt.expand(6, 40), torch.randint(3, vocab, (6, 88), generator=g)], dim=1)
+    ids[2, 100:] = 0  # right-padded
+    ids = ids.cuda()
+    mask = (ids != 0).long()
+    needed = mask.bool().clone()
+    needed[:, :40] = False
+    out = {}
+    for share in (False, True):
+        policy.shared_prefix = share
+        logp, _ = policy.token_logprobs(ids, mask, needed=needed)
+        policy.wrapped.zero_grad(set_to_none=True)
+        (-(logp * needed).sum()).backward()
+        grads = [p.grad.float().clone() for p in policy.module.parameters() if p.grad is not None]
+        out[share] = ((logp * needed).detach().float(), grads)
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=2e-2, atol=3e-2)
+    assert len(out[True][1]) == len(out[False][1]) > 0
+    for a, b in zip(out[True][1], out[False][1]):
+        assert (a - b).norm() <= 3e-2 * b.norm() + 1e-6
