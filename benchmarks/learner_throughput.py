@@ -330,6 +330,21 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def _alternate(step, pairs: int, switch) -> dict[bool, list[float]]:
+    """`pairs` pairs of timed steps, `switch(False)` before one and `switch(True)` before the other, in ABBA order
+    (the second of each pair of pairs reversed): a lever's few percent against the same process's other setting."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(pairs):
+        for on in (False, True) if i % 2 == 0 else (True, False):
+            switch(on)
+            _sync()
+            t0 = time.perf_counter()
+            step()
+            _sync()
+            times[on].append(round(time.perf_counter() - t0, 4))
+    return times
+
+
 def paired_keep(step, pairs: int) -> dict:
     """`pairs` steps with the head's backward recomputing its logits and as many reading the probabilities forward
     kept (chunked_logprobs.KEEP_BYTES), alternating in this process (ABBA order)."""
@@ -339,15 +354,11 @@ def paired_keep(step, pairs: int) -> dict:
 
     before = chunked_logprobs.KEEP_BYTES, chunked_logprobs.CUDA_KEEP_BYTES
     budget = before[0] or 1 << 30, before[1] or 8 << 30  # the defaults (also where a caller had set them to 0)
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for i in range(pairs):
-        for on in (False, True) if i % 2 == 0 else (True, False):
-            chunked_logprobs.KEEP_BYTES, chunked_logprobs.CUDA_KEEP_BYTES = budget if on else (0, 0)
-            _sync()
-            t0 = time.perf_counter()
-            step()
-            _sync()
-            times[on].append(round(time.perf_counter() - t0, 4))
+
+    def switch(on: bool) -> None:
+        chunked_logprobs.KEEP_BYTES, chunked_logprobs.CUDA_KEEP_BYTES = budget if on else (0, 0)
+
+    times = _alternate(step, pairs, switch)
     chunked_logprobs.KEEP_BYTES, chunked_logprobs.CUDA_KEEP_BYTES = before
     return {"paired_keep_off_s": times[False], "paired_keep_on_s": times[True]}
 
@@ -370,15 +381,11 @@ def paired_scatter(step, pairs: int) -> dict:
     from agentrl_ray.learner import chunked_logprobs
 
     current = chunked_logprobs._grad_logits_kept
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for i in range(pairs):
-        for new in (False, True) if i % 2 == 0 else (True, False):
-            chunked_logprobs._grad_logits_kept = current if new else _grad_logits_kept_by_scatter
-            _sync()
-            t0 = time.perf_counter()
-            step()
-            _sync()
-            times[new].append(round(time.perf_counter() - t0, 4))
+
+    def switch(new: bool) -> None:
+        chunked_logprobs._grad_logits_kept = current if new else _grad_logits_kept_by_scatter
+
+    times = _alternate(step, pairs, switch)
     chunked_logprobs._grad_logits_kept = current
     return {"paired_scatter_s": times[False], "paired_index_put_s": times[True]}
 
@@ -389,15 +396,7 @@ def paired_share(policy, step, pairs: int) -> dict:
     built in its own first step)."""
     if not pairs or not policy.shared_prefix:
         return {}
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for i in range(pairs):
-        for on in (False, True) if i % 2 == 0 else (True, False):
-            policy.shared_prefix = on
-            _sync()
-            t0 = time.perf_counter()
-            step()
-            _sync()
-            times[on].append(round(time.perf_counter() - t0, 4))
+    times = _alternate(step, pairs, lambda on: setattr(policy, "shared_prefix", on))
     policy.shared_prefix = True
     return {"paired_share_off_s": times[False], "paired_share_on_s": times[True]}
 
