@@ -79,12 +79,14 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
         return torch.cat([x[:, :, :p].expand(rows, kv_heads, p, dim), remainder(x, kv_heads)], dim=2)
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    head = sdpa(query[:, :, :p], key[:, :, :p], value[:, :, :p], scale=scaling, is_causal=True, enable_gqa=gqa)
+    qp, kp, vp = query[:, :, :p], key[:, :, :p], value[:, :, :p]
+    head = sdpa(qp, kp, vp, dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=gqa)
     tail = sdpa(
         remainder(query, heads),
         with_prefix(key),
         with_prefix(value),
         attn_mask=layout,
+        dropout_p=dropout,
         scale=scaling,
         enable_gqa=gqa,
     )  # (B, Hq, C, D)
