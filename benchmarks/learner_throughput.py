@@ -25,6 +25,7 @@ A variant is a setting and its levers, `SETTING[.LEVER...]`:
 - `compile`: learner.compile=true (every decoder layer compiled, and the head's chunk math fused);
 - `mb16`: one micro-batch of 16 sequences instead of two of 8;
 - `zero0`, `zero1`: DeepSpeed's ZeRO stage 0 or 1 instead of 2 (one GPU has nothing to partition);
+- `share`: learner.shared_prefix=true (its `auto` leaves it off on a GPU; `--paired-share` needs it on);
 - with `compile`: `static` compiles the layers for this benchmark's fixed shape (`dynamic=False`; a run's batches
   change length every step, so the learner compiles them with dynamic shapes), `cudagraphs` on top of that replays
   them as CUDA graphs (`mode="reduce-overhead"`; with layers compiled one by one this fails on a GPU: the 24
@@ -84,7 +85,7 @@ SETTINGS = {
 CHILD_ARGS = ("device", "shape", "micro_batch", "micro_batches", "seq", "prompt_len", "warmup", "steps", "profile")
 CHILD_ARGS += ("peak_tflops", "min_len", "paired", "paired_keep", "paired_thread", "paired_scatter", "paired_share")
 LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "-keep", "-share", "compile", "mb16")
-LEVERS += ("zero0", "zero1", "static", "cudagraphs", "stack")
+LEVERS += ("zero0", "zero1", "static", "cudagraphs", "stack", "share")
 SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000),
@@ -226,6 +227,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
     overrides = [*SETTINGS[args.device][setting], f"learner.micro_batch_size={micro}", "echo.coeff=0.05"]
     overrides += ["algorithm.beta=0", f"learner.compile={str('compile' in levers).lower()}"]
     overrides += ["learner.shared_prefix=false"] if {"old", "-share"} & set(levers) else []
+    overrides += ["learner.shared_prefix=true"] if "share" in levers else []
     overrides += [f"learner.zero_stage={x[-1]}" for x in levers if x.startswith("zero")]
     cfg = load_config(None, overrides)
     shape = shape_config(args.shape)
