@@ -162,7 +162,8 @@ class LearnerConfig:
     micro-batches are cut along shared prompts where that computes fewer tokens than cutting by length. Not
     bit-exact (the matmuls see other shapes: float rounding). `auto` (default): on for a CPU learner (0.5B LoRA
     bfloat16, 4 sequences a micro-batch, 2 cores: the learner benchmark's step 12-18% shorter with 58-token prompts,
-    42% with 512-token ones; docs/benchmarks.md), off on a GPU until measured there; `true` on a GPU too. Models
+    42% with 512-token ones; docs/benchmarks.md), off on a GPU (0.5B full fine-tune on an H100, 512-token prompts:
+    no shorter step, the step there waits on the host; docs/learner_speed.md round 4); `true` on a GPU too. Models
     whose layers all attend causally over the whole sequence through Hugging Face's SDPA attention; others, and
     left-padded batches, run unpacked."""
     gradient_checkpointing: bool = False
