@@ -203,6 +203,16 @@ def apply_levers(levers: list[str]) -> None:
         compilation.COMPILE_SCOPE = "stack"
 
 
+def variant_overrides(device: str, setting: str, levers: list[str], micro: int) -> list[str]:
+    """The learner config of a variant, as `load_config` overrides."""
+    overrides = [*SETTINGS[device][setting], f"learner.micro_batch_size={micro}", "echo.coeff=0.05"]
+    overrides += ["algorithm.beta=0", f"learner.compile={str('compile' in levers).lower()}"]
+    overrides += ["learner.shared_prefix=false"] if {"old", "-share"} & set(levers) else []
+    overrides += ["learner.shared_prefix=true"] if "share" in levers else []
+    overrides += [f"learner.zero_stage={x[-1]}" for x in levers if x.startswith("zero")]
+    return overrides
+
+
 def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
     """One variant in this process: load, warm up, time `--steps` steps; writes its log-probs to `out`.pt."""
     import torch
@@ -224,12 +234,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
         torch.cuda.set_device(device)
     stand_in_for_ray_train(device)
     micro, n_micro = (16, 1) if "mb16" in levers else (args.micro_batch, args.micro_batches)
-    overrides = [*SETTINGS[args.device][setting], f"learner.micro_batch_size={micro}", "echo.coeff=0.05"]
-    overrides += ["algorithm.beta=0", f"learner.compile={str('compile' in levers).lower()}"]
-    overrides += ["learner.shared_prefix=false"] if {"old", "-share"} & set(levers) else []
-    overrides += ["learner.shared_prefix=true"] if "share" in levers else []
-    overrides += [f"learner.zero_stage={x[-1]}" for x in levers if x.startswith("zero")]
-    cfg = load_config(None, overrides)
+    cfg = load_config(None, variant_overrides(args.device, setting, levers, micro))
     shape = shape_config(args.shape)
     groups = batch_groups(args, shape["vocab_size"])
     t0 = time.perf_counter()

@@ -55,3 +55,21 @@ def test_the_static_and_cudagraphs_levers_change_how_the_layers_compile(monkeypa
     assert compilation.COMPILE_SCOPE == "layers"
     learner_throughput.apply_levers(["compile", "stack"])
     assert compilation.COMPILE_SCOPE == "stack"
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_share_levers_set_the_shared_prefix_whatever_auto_would(monkeypatch, device):
+    """`share` turns learner.shared_prefix on (its `auto` leaves it off on a GPU, where `--paired-share` would then
+    measure nothing), `-share` and `old` turn it off, and without either the learner's `auto` decides."""
+    from agentrl_ray.infra.profiles import load_config
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import learner_throughput
+
+    def shared(*levers: str):
+        overrides = learner_throughput.variant_overrides(device, "full", list(levers), 8)
+        return load_config(None, overrides).learner.shared_prefix
+
+    assert shared("compile", "share") is True
+    assert shared("compile", "-share") is False and shared("old") is False
+    assert shared("compile") == "auto"
