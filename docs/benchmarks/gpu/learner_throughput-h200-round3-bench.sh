@@ -7,19 +7,7 @@ PY=${PY:-python3}
 OUT=${OUT:-/tmp/gpu_out}
 BUDGET=${BUDGET:-440}   # seconds: no command starts after this
 if [ "${DRY:-0}" = 1 ]; then A="--device cpu --warmup 1 --steps 1"; S05=tiny; S15=tiny; else A="--device cuda"; S05=0.5b; S15=1.5b; fi
-step() {  # name, max seconds, args...
-  local name=$1 lim=$2; shift 2
-  local left=$(( BUDGET - ($(date +%s) - T0) ))
-  if [ "$left" -lt 45 ]; then echo "[bench +$(( $(date +%s) - T0 ))s] SKIP $name (${left}s left)"; return; fi
-  [ "$lim" -gt "$left" ] && lim=$left
-  echo "[bench +$(( $(date +%s) - T0 ))s] START $name (cut at ${lim}s)"
-  timeout -k 10 "$lim" "$PY" benchmarks/learner_throughput.py $A "$@" --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "[bench +$(( $(date +%s) - T0 ))s] END $name rc $rc"
-  [ "$rc" != 0 ] && tail -25 "$OUT/$name.log"
-  grep -E "tok/s|FAILED" "$OUT/$name.log" | cut -c1-300
-  grep -E '"(matmul_tflops|gpu)"' "$OUT/$name.json" 2>/dev/null | tr -d '\n'; echo
-}
+. "$(dirname "${BASH_SOURCE[0]}")/bench_step.sh"  # step NAME MAX_SECONDS ARGS...
 # 1. the 0.5B full fine-tune as a run gets it (compiled, one micro-batch of 16): its profile with the GPU's busy
 #    share, and the head's kept probabilities against recomputed, alternating in one process
 step lt05-full $((150)) --shape $S05 --variants full.compile.mb16 --profile 12 --paired-keep 3 --warmup 2 --steps 5

@@ -11,20 +11,7 @@ OUT=${OUT:-/tmp/gpu_out}
 BUDGET=${BUDGET:-380}   # seconds: no command starts after this
 if [ "${DRY:-0}" = 1 ]; then A="--device cpu --warmup 1 --steps 1 --seq 256"; S05=tiny; S15=tiny; W=""
 else A="--device cuda"; S05=0.5b; S15=1.5b; W="--warmup 2"; fi
-step() {  # name, max seconds, args...
-  local name=$1 lim=$2; shift 2
-  local left=$(( BUDGET - ($(date +%s) - T0) ))
-  if [ "$left" -lt 45 ]; then echo "[bench +$(( $(date +%s) - T0 ))s] SKIP $name (${left}s left)"; return; fi
-  [ "$lim" -gt "$left" ] && lim=$left
-  echo "[bench +$(( $(date +%s) - T0 ))s] START $name (cut at ${lim}s)"
-  timeout -k 10 "$lim" "$PY" benchmarks/learner_throughput.py $A $W "$@" --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "[bench +$(( $(date +%s) - T0 ))s] END $name rc $rc"
-  [ "$rc" != 0 ] && tail -25 "$OUT/$name.log"
-  grep -E "tok/s|FAILED" "$OUT/$name.log" | cut -c1-300
-  "$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d.get("gpu"), d.get("matmul_tflops"),
-    [{k: v for k, v in r.items() if k.startswith("paired_")} for r in d["results"]])' "$OUT/$name.json" 2>/dev/null
-}
+. "$(dirname "${BASH_SOURCE[0]}")/bench_step.sh"  # step NAME MAX_SECONDS ARGS...
 # 1. the decoder stack compiled as one graph against each layer compiled (0.5B full fine-tune, 1 x 16, dynamic
 #    shapes as a run compiles)
 step lt05-stack 170 --shape $S05 --variants full.compile.mb16.stack,full.compile.mb16 --steps 4
