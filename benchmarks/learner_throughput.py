@@ -51,6 +51,9 @@ share their `--prompt-len` prompt.
 Each variant also records its log-probs of the first micro-batch before any update; `logprob_gap_vs` is the largest
 difference at scored positions against the setting's first variant (the levers must not change the numbers beyond
 bfloat16 kernel rounding).
+Each variant runs in its own process; `--variant-timeout S` stops one after S seconds and goes on to the next,
+recording what it printed so far (a line per step: how far its compilation got), so that on a lent GPU one slow
+compilation does not take the variants after it (GPU round 4: a 270 s cut took the baseline with it).
 """
 
 from __future__ import annotations
@@ -260,6 +263,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
         update(policy, groups, cfg, step=i, pad_id=0)
         sync()
         times.append(time.perf_counter() - t0)
+        print(f"{variant}: step {i} {times[-1]:.3f} s", file=sys.stderr, flush=True)  # survives --variant-timeout
     paired = paired_exact_levers(policy, lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired)
     paired |= paired_keep(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_keep)
     paired |= paired_thread(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_thread)
@@ -537,6 +541,7 @@ def main() -> None:
     )
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--budget-s", type=float, default=1e9, help="start no variant after this many seconds")
+    p.add_argument("--variant-timeout", type=float, help="stop a variant after this many seconds, go on to the next")
     p.add_argument("--out", type=Path)
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
@@ -571,11 +576,18 @@ def main() -> None:
                 continue
             out = folder / f"{variant}.json"
             cmd = [sys.executable, __file__, *argv, "--child", variant, "--model-dir", str(folder / "model")]
-            proc = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, env=child_env)
-            if proc.returncode == 0:
-                results.append({"ok": True, **json.loads(out.read_text())})
+            try:
+                run = [*cmd, "--out", str(out)]
+                proc = subprocess.run(run, capture_output=True, text=True, env=child_env, timeout=args.variant_timeout)
+            except subprocess.TimeoutExpired as e:  # its steps so far are in its stderr
+                said = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+                error = f"timed out after {args.variant_timeout:g} s; its last output:\n{said[-3000:]}"
+                results.append({"variant": variant, "ok": False, "error": error})
             else:
-                results.append({"variant": variant, "ok": False, "error": proc.stderr[-3000:]})
+                if proc.returncode == 0:
+                    results.append({"ok": True, **json.loads(out.read_text())})
+                else:
+                    results.append({"variant": variant, "ok": False, "error": proc.stderr[-3000:]})
             r = results[-1]
             print(
                 f"{variant:28s} "

@@ -2,6 +2,7 @@
 docs/learner_speed.md): every variant reports its throughput, and the levers leave the log-probs unchanged."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,18 @@ def test_the_share_levers_set_the_shared_prefix_whatever_auto_would(monkeypatch,
     assert shared("compile", "share") is True
     assert shared("compile", "-share") is False and shared("old") is False
     assert shared("compile") == "auto"
+
+
+@pytest.mark.slow
+def test_a_variant_past_its_timeout_is_stopped_and_the_next_still_runs(tmp_path):
+    """--variant-timeout: the first variant's endless steps are cut, its steps so far recorded, and the second runs."""
+    out = tmp_path / "lt.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "learner_throughput.py"), "--device=cpu", "--shape=tiny"]
+    cmd += ["--seq=32", "--prompt-len=8", "--micro-batch=2", "--micro-batches=1", "--warmup=0"]
+    first = [*cmd, "--steps=100000", "--variant-timeout=20", "--variants=full,lora", f"--out={out}"]
+    proc = subprocess.run(first, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    full, lora = json.loads(out.read_text())["results"]
+    assert not full["ok"] and full["error"].startswith("timed out after 20 s")
+    assert re.search(r"\nfull: step \d+ [\d.]+ s\n", full["error"])  # it had got as far as stepping
+    assert not lora["ok"] and re.search(r"\nlora: step \d+ ", lora["error"])  # ran after full was stopped, then cut
