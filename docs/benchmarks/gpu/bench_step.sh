@@ -1,4 +1,4 @@
-# The `step` of the GPU learner benchmark scripts beside this file (sourced: `. "$(dirname "$0")/bench_step.sh"`).
+# The `step` of the GPU learner benchmark scripts beside this file (sourced: `. "$(dirname "${BASH_SOURCE[0]}")/bench_step.sh"`).
 # step NAME MAX_SECONDS ARGS...: benchmarks/learner_throughput.py $A $W ARGS, cut at MAX_SECONDS or at what is left
 # of BUDGET seconds since T0 (skipped under 45 s), into $OUT/NAME.json and .log; prints its result lines, the GPU,
 # its matmul rate and any paired measurements. Reads PY, OUT, BUDGET, T0, A and W (W may be unset).
