@@ -22,6 +22,11 @@ LAYER_COMPILE_OPTIONS: dict = {"dynamic": True}
 # the stack's compilation took 125 s against 28 s layer by layer on a CPU (0.5B LoRA) and did not end in 270 s on
 # an H100's host (0.5B full; docs/learner_speed.md round 4): inductor's fusion pass grows faster than the graph.
 COMPILE_SCOPE = "layers"
+# Each compiled layer's linears that read the same input (q/k/v, gate/up, and LoRA's A on each) run as one matmul
+# (learner/linear_fusion.py). benchmarks/learner_throughput.py's `nofuse` lever turns it off to measure it.
+FUSE_SHARED_INPUT_LINEARS = True
+# learner.compile_buckets: how many fixed-shape graphs of a layer torch keeps before it falls back to eager
+FIXED_SHAPE_GRAPHS = 128
 
 
 def wants_compile(
@@ -62,11 +67,12 @@ def _decoder_layers(model) -> list:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def compile_layers(model, device: torch.device) -> int:
+def compile_layers(model, device: torch.device, *, fixed_shapes: bool = False) -> int:
     """`torch.compile` each decoder layer in place (`nn.Module.compile`: parameter names and state dicts unchanged),
     with dynamic shapes so that one graph serves every layer, micro-batch and sequence length; the head and the
     embedding stay eager (chunked_logprobs runs the head). The layers are the modules whose class the model names in
-    `_no_split_modules` (Hugging Face's list of its repeated blocks). Returns how many were compiled.
+    `_no_split_modules` (Hugging Face's list of its repeated blocks). Returns how many were compiled. With
+    `fixed_shapes` (learner.compile_buckets) each shape the layers meet gets a graph of its own instead.
 
     On a CPU, inductor compiles C++ at the first step: a missing compiler is reported here, before any step runs."""
     if device.type == "cpu":
@@ -78,12 +84,30 @@ def compile_layers(model, device: torch.device) -> int:
             f"learner.compile=true: {type(base).__name__} names no repeated decoder layer (_no_split_modules is "
             f"{sorted(_layer_names(model))}), so there is nothing to compile layer by layer; set learner.compile=false"
         )
+    options = layer_compile_options()
+    if fixed_shapes:
+        options["dynamic"] = False
+        # a graph per (rows, length, grad mode): torch's default of 8 recompilations per frame would send the rest
+        # back to eager
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, FIXED_SHAPE_GRAPHS)
     if COMPILE_SCOPE == "stack":
-        _stack_of(model, layers).compile(**LAYER_COMPILE_OPTIONS)
+        _stack_of(model, layers).compile(**options)
         return len(layers)
     for layer in layers:
-        layer.compile(**LAYER_COMPILE_OPTIONS)
+        layer.compile(**options)
     return len(layers)
+
+
+def layer_compile_options() -> dict:
+    """`torch.compile`'s arguments for the layers: LAYER_COMPILE_OPTIONS, with the fusion of linears sharing an
+    input as inductor's pre-grad pass where FUSE_SHARED_INPUT_LINEARS (torch.compile takes a `mode` or inductor
+    `options`, not both: a `mode` keeps the linears apart)."""
+    options = dict(LAYER_COMPILE_OPTIONS)
+    if FUSE_SHARED_INPUT_LINEARS and "mode" not in options:
+        from agentrl_ray.learner.linear_fusion import FuseSharedInputLinears
+
+        options["options"] = {**options.get("options", {}), "pre_grad_custom_pass": FuseSharedInputLinears()}
+    return options
 
 
 def _stack_of(model, layers: list):

@@ -71,7 +71,10 @@ class Policy:
         else:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=load_dtype)
         # before PEFT wraps it: the attention implementation is the Hugging Face model's own setting
-        share = cfg.shared_prefix if cfg.shared_prefix != "auto" else self.device.type == "cpu"
+        # auto: on a CPU, unless the compiled layers take fixed shapes (learner.compile_buckets)
+        share = (
+            cfg.shared_prefix if cfg.shared_prefix != "auto" else self.device.type == "cpu" and not cfg.compile_buckets
+        )
         self.shared_prefix = bool(share) and shared_prefix.install(model)
         if share and not self.shared_prefix and self.rank == 0:
             log.info("learner.shared_prefix: %s does not attend as it packs; unpacked", type(model).__name__)
@@ -113,10 +116,13 @@ class Policy:
         self.compiled = wants_compile(
             cfg.compile, self.module, self.device, self.partitioned, self.rank, quantized=quantized
         )
+        # learner.compile_buckets: each forward right-padded to a multiple of it, for fixed-shape compiled layers
+        self.bucket = cfg.compile_buckets if self.compiled else 0
         if self.compiled:  # validate() refuses learner.compile=true under ZeRO-3
-            compiled = compile_layers(self.module, self.device)
+            compiled = compile_layers(self.module, self.device, fixed_shapes=self.bucket > 0)
             if self.rank == 0:
-                log.info("learner.compile: %d decoder layers compile during the first step", compiled)
+                shapes = f"fixed shapes, lengths in multiples of {self.bucket}" if self.bucket else "dynamic shapes"
+                log.info("learner.compile: %d decoder layers compile during the first step (%s)", compiled, shapes)
         params = [p for p in self.module.parameters() if p.requires_grad]
         if self.ds_config is not None:
             self.engine, self.optimizer = zero.initialize(self.module, params, self.ds_config)
@@ -170,6 +176,11 @@ class Policy:
         """Per-token log-probs and entropy (B, T) of `model` (default: the wrapped policy). With
         `learner.chunked_logprobs` the head runs chunk by chunk on the last hidden states (no (B, T, V) logits),
         only at the `needed` (B, T) positions when given (the others are 0: read them through a mask)."""
+        length = input_ids.shape[1]
+        if self.bucket and length % self.bucket:  # learner.compile_buckets: the next fixed length, padding unscored
+            padded = pad_right(length, self.bucket, input_ids, attention_mask, needed)
+            out = self.token_logprobs(*padded[:2], with_entropy, model=model, needed=padded[2])
+            return tuple(None if x is None else x[:, :length] for x in out)
         model = self.wrapped if model is None else model
         head = model_head(model) if self.cfg.chunked_logprobs and not self.partitioned else None
         # A right-padded batch runs without its mask (right_padded), on a CPU too: there SDPA's flash kernel gives
@@ -320,6 +331,13 @@ def keep_adapter_inputs_uncast(model) -> None:
     for m in model.modules():
         if isinstance(m, BaseTunerLayer):
             m.cast_input_dtype_enabled = False
+
+
+def pad_right(length: int, multiple: int, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """(B, length) tensors right-padded with zeros (token 0, masked out, not needed) to the next multiple of
+    `multiple`; None stays None."""
+    extra = -length % multiple
+    return [None if t is None else torch.nn.functional.pad(t, (0, extra)) for t in tensors]
 
 
 def right_padded(attention_mask: torch.Tensor) -> bool:

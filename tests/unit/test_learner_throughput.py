@@ -74,6 +74,8 @@ def test_the_share_levers_set_the_shared_prefix_whatever_auto_would(monkeypatch,
     assert shared("compile", "share") is True
     assert shared("compile", "-share") is False and shared("old") is False
     assert shared("compile") == "auto"
+    bucketed = learner_throughput.variant_overrides(device, "full", ["compile", "bucket"], 8)
+    assert load_config(None, bucketed).learner.compile_buckets == learner_throughput.BUCKET > 0
 
 
 @pytest.mark.slow
