@@ -286,3 +286,47 @@ def test_shared_prefix_on_cuda_gives_the_unpacked_log_probs_and_gradients(builti
     assert len(out[True][1]) == len(out[False][1]) > 0
     for a, b in zip(out[True][1], out[False][1]):
         assert (a - b).norm() <= 3e-2 * b.norm() + 1e-6
+
+
+def test_fused_linears_and_compile_buckets_on_cuda_give_the_eager_log_probs_and_gradients(
+    builtin_model_path, monkeypatch
+):
+    """The compiled layers as a GPU run would take them with learner.compile_buckets (fixed shapes) and the fusion of
+    linears that share an input (learner/linear_fusion.py; on by default): LoRA under bfloat16 autocast on CUDA
+    gives the eager policy's log-probs and adapter gradients to bfloat16 rounding, at two padded lengths."""
+    from builders import as_ray_train_rank_zero
+
+    from agentrl_ray.infra.profiles import load_config
+    from agentrl_ray.learner.policy import Policy
+
+    as_ray_train_rank_zero(monkeypatch, torch.device("cuda:0"))
+    out = {}
+    for compiled in (False, True):
+        extra = ["learner.compile=true", "learner.compile_buckets=32"] if compiled else ["learner.compile=false"]
+        cfg = load_config(None, ["profile=lora", *extra])
+        torch.manual_seed(0)
+        policy = Policy(builtin_model_path, cfg.model, cfg.learner, need_reference=False)
+        assert policy.compiled == compiled and policy.bucket == (32 if compiled else 0)
+        for name, p in policy.module.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.02)
+        g = torch.Generator().manual_seed(0)
+        vocab = policy.module.config.vocab_size
+        for rows, length in [(4, 50), (2, 77)]:
+            ids = torch.randint(3, vocab, (rows, length), generator=g)
+            ids[0, length - 9 :] = 0  # right-padded
+            ids = ids.cuda()
+            mask = (ids != 0).long()
+            needed = mask.bool().clone()
+            needed[:, :5] = False
+            logp, _ = policy.token_logprobs(ids, mask, needed=needed)
+            assert logp.shape == ids.shape
+            policy.wrapped.zero_grad(set_to_none=True)
+            (-(logp * needed).sum()).backward()
+            grads = [p.grad.float().clone() for p in policy.module.parameters() if p.grad is not None]
+            out[compiled, rows] = ((logp * needed).detach().float(), grads)
+    for rows in (4, 2):
+        torch.testing.assert_close(out[True, rows][0], out[False, rows][0], rtol=2e-2, atol=3e-2)
+        assert len(out[True, rows][1]) == len(out[False, rows][1]) > 0
+        for a, b in zip(out[True, rows][1], out[False, rows][1]):
+            assert (a - b).norm() <= 3e-2 * b.norm() + 1e-6
