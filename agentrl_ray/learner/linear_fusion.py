@@ -54,14 +54,23 @@ def fuse_shared_input_linears(graph: torch.fx.Graph) -> int:
         if _fusible(node, w, b):
             value = w.meta["example_value"]
             groups.setdefault((x, b is None, value.dtype, value.device), []).append(node)
+    # where autocast or grad mode switch: linears on either side of one compute differently, and stay apart
+    switches = [order[n] for n in graph.nodes if n.op == "call_function" and _switches_mode(n.target)]
     fused = 0
     for (x, no_bias, _, _), nodes in groups.items():
         # the fused call goes where the first of them was: every weight and bias must be defined by then
         params = [p for n in nodes for p in _linear_args(n)[1:] if p is not None]
-        if len(nodes) > 1 and all(order[p] < order[nodes[0]] for p in params):
+        first, last = order[nodes[0]], order[nodes[-1]]
+        if len(nodes) > 1 and all(order[p] < first for p in params) and not any(first < i < last for i in switches):
             _fuse(graph, x, nodes, no_bias)
             fused += 1
     return fused
+
+
+def _switches_mode(target) -> bool:
+    """Autocast's enter/exit or a grad-mode change, as Torch IR records them."""
+    name = getattr(target, "__name__", "")
+    return name in ("_enter_autocast", "_exit_autocast", "_set_grad_enabled") or "autocast" in name
 
 
 def _linear_args(node: torch.fx.Node) -> tuple | None:

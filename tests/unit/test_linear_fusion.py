@@ -130,3 +130,23 @@ def test_compiled_lora_layers_fuse_their_projections_and_match_unfused_and_eager
     _assert_same_logprobs_and_grads(eager, separate, ids)
     assert len(seen) == calls  # the pass did not run
     assert all(getattr(m, "_compiled_call_impl", None) is not None for m in _decoder_layers(separate))
+
+
+def test_linears_on_either_side_of_autocast_or_no_grad_stay_apart(monkeypatch):
+    """Where autocast or grad mode switches between two linears of one input they compute differently: no fusion."""
+    torch.manual_seed(0)
+    a, b, c = (torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(x):
+        y = a(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            z = b(x)
+        with torch.no_grad():
+            w = c(x)
+        return y + z.float() + w
+
+    seen = _counting(monkeypatch)
+    x = torch.randn(2, 8)
+    got = torch.compile(forward, options={"pre_grad_custom_pass": FuseSharedInputLinears()})(x)
+    torch.testing.assert_close(got, forward(x))
+    assert seen[0] == (0, 3, 3)
