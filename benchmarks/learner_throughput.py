@@ -30,8 +30,8 @@ A variant is a setting and its levers, `SETTING[.LEVER...]`:
   change length every step, so the learner compiles them with dynamic shapes), `cudagraphs` on top of that replays
   them as CUDA graphs (`mode="reduce-overhead"`; with layers compiled one by one this fails on a GPU: the 24
   layers share one graph, whose replay overwrites the previous layer's output), `stack` compiles the module holding
-  the layers as one graph instead of each layer (one call's host overhead per forward, and one CUDA graph), `-fuse`
-  keeps a layer's linears that read the same input as separate matmuls (learner/linear_fusion.py, on by default),
+  the layers as one graph instead of each layer (one call's host overhead per forward, and one CUDA graph), `fuse`
+  runs a layer's linears that read the same input as one matmul (learner/linear_fusion.py; off by default),
   `bucket` sets learner.compile_buckets=128 (each forward right-padded to a multiple of 128 tokens, a fixed-shape
   graph per length: what `static` measures, for a run's changing lengths; give it `--ragged` or `--min-len`).
 
@@ -91,7 +91,7 @@ SETTINGS = {
 CHILD_ARGS = ("device", "shape", "micro_batch", "micro_batches", "seq", "prompt_len", "warmup", "steps", "profile")
 CHILD_ARGS += ("peak_tflops", "min_len", "paired", "paired_keep", "paired_thread", "paired_scatter", "paired_share")
 LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "-keep", "-share", "compile", "mb16")
-LEVERS += ("zero0", "zero1", "static", "cudagraphs", "stack", "share", "-fuse", "bucket")
+LEVERS += ("zero0", "zero1", "static", "cudagraphs", "stack", "share", "fuse", "bucket")
 BUCKET = 128  # the `bucket` lever's learner.compile_buckets
 SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -208,10 +208,10 @@ def apply_levers(levers: list[str]) -> None:
         from agentrl_ray.learner import compilation
 
         compilation.COMPILE_SCOPE = "stack"
-    if "-fuse" in levers:
+    if "fuse" in levers:
         from agentrl_ray.learner import compilation
 
-        compilation.FUSE_SHARED_INPUT_LINEARS = False
+        compilation.FUSE_SHARED_INPUT_LINEARS = True
 
 
 def variant_overrides(device: str, setting: str, levers: list[str], micro: int) -> list[str]:
@@ -238,9 +238,9 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
     unknown = [x for x in levers if x not in LEVERS]
     if setting not in SETTINGS[args.device] or unknown:
         raise SystemExit(f"unknown variant {variant!r}: settings {list(SETTINGS[args.device])}, levers {LEVERS}")
-    if {"static", "cudagraphs", "stack", "-fuse", "bucket"} & set(levers) and "compile" not in levers:
+    if {"static", "cudagraphs", "stack", "fuse", "bucket"} & set(levers) and "compile" not in levers:
         raise SystemExit(
-            f"variant {variant!r}: `static`, `cudagraphs`, `stack`, `-fuse` and `bucket` change how `compile` compiles"
+            f"variant {variant!r}: `static`, `cudagraphs`, `stack`, `fuse` and `bucket` change how `compile` compiles"
         )
     apply_levers(levers)
     device = torch.device("cuda:0" if args.device == "cuda" else "cpu")

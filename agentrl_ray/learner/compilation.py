@@ -23,8 +23,10 @@ LAYER_COMPILE_OPTIONS: dict = {"dynamic": True}
 # an H100's host (0.5B full; docs/learner_speed.md round 4): inductor's fusion pass grows faster than the graph.
 COMPILE_SCOPE = "layers"
 # Each compiled layer's linears that read the same input (q/k/v, gate/up, and LoRA's A on each) run as one matmul
-# (learner/linear_fusion.py). benchmarks/learner_throughput.py's `nofuse` lever turns it off to measure it.
-FUSE_SHARED_INPUT_LINEARS = True
+# (learner/linear_fusion.py). Off until a GPU measures it (docs/learner_speed.md round 5): on a CPU the step was
+# level with it, and the concatenated weights may be kept for backward (at 0.5B the bfloat16 q/k/v and gate/up of
+# 24 layers are 0.47 GB). benchmarks/learner_throughput.py's `fuse` lever turns it on.
+FUSE_SHARED_INPUT_LINEARS = False
 # learner.compile_buckets: how many fixed-shape graphs of a layer torch keeps before it falls back to eager
 FIXED_SHAPE_GRAPHS = 128
 

@@ -292,14 +292,17 @@ def test_fused_linears_and_compile_buckets_on_cuda_give_the_eager_log_probs_and_
     builtin_model_path, monkeypatch
 ):
     """The compiled layers as a GPU run would take them with learner.compile_buckets (fixed shapes) and the fusion of
-    linears that share an input (learner/linear_fusion.py; on by default): LoRA under bfloat16 autocast on CUDA
-    gives the eager policy's log-probs and adapter gradients to bfloat16 rounding, at two padded lengths."""
+    linears that share an input (learner/linear_fusion.py; off by default until measured): LoRA under bfloat16
+    autocast on CUDA gives the eager policy's log-probs and adapter gradients to bfloat16 rounding, at two padded
+    lengths."""
     from builders import as_ray_train_rank_zero
 
     from agentrl_ray.infra.profiles import load_config
+    from agentrl_ray.learner import compilation
     from agentrl_ray.learner.policy import Policy
 
     as_ray_train_rank_zero(monkeypatch, torch.device("cuda:0"))
+    monkeypatch.setattr(compilation, "FUSE_SHARED_INPUT_LINEARS", True)
     out = {}
     for compiled in (False, True):
         extra = ["learner.compile=true", "learner.compile_buckets=32"] if compiled else ["learner.compile=false"]

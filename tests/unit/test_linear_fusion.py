@@ -112,10 +112,13 @@ def test_linears_of_different_dtypes_fuse_only_with_their_own(monkeypatch):
 
 @pytest.mark.slow  # over ~3 s: left out of `make test-fast`
 def test_compiled_lora_layers_fuse_their_projections_and_match_unfused_and_eager(builtin_model_path, monkeypatch):
-    """The learner's compiled LoRA layer: q/k/v, their three adapters' A, o with its A, gate/up with their A's, down
-    with its A (float32: one dtype) become 5 matmuls' groups, 21 linear calls 12; log-probs and gradients equal the
-    eager model's, as with the fusion off."""
+    """The learner's compiled LoRA layer with the fusion on: q/k/v, their three adapters' A, o with its A, gate/up
+    with their A's, down with its A (float32: one dtype) become 5 matmuls' groups, 21 linear calls 12; log-probs and
+    gradients equal the eager model's, as with the fusion off."""
     seen = _counting(monkeypatch)
+    assert not compilation.FUSE_SHARED_INPUT_LINEARS  # off until a GPU measures it
+    assert "options" not in compilation.layer_compile_options()
+    monkeypatch.setattr(compilation, "FUSE_SHARED_INPUT_LINEARS", True)
     eager, fused = _lora_model(builtin_model_path), _lora_model(builtin_model_path)
     compile_layers(fused, torch.device("cpu"))
     ids = torch.randint(10, 300, (3, 37), generator=torch.Generator().manual_seed(1))
