@@ -45,6 +45,8 @@ norm, N_head = vocab x hidden: full fine-tune 6*N_body*T + 6*N_head*S; LoRA 4*N_
 (frozen weights have no weight gradient). Attention's T^2 matmuls and the head's recomputation in backward are not
 counted. MFU = FLOPs / median step / `--peak-tflops` (790: an H200's measured dense bfloat16 rate, the number the
 earlier measurements used); `matmul_tflops` is this device's own bfloat16 8192^3 matmul rate, measured first.
+`peak_mem_gib` is CUDA's peak allocation; `peak_rss_gib` the variant process's peak resident memory (on a CPU,
+what the learner holds: model, activations, allocator caches).
 `--paired N` then runs N steps with the exact eager levers (`-nomask`, `-peftcast`) off and N on, alternating in the
 same process (`paired_off_s`, `paired_on_s`): at a few percent they are below the spread between processes.
 `--paired-keep N` does the same for the head's kept probabilities (`paired_keep_off_s`, `paired_keep_on_s`);
@@ -64,6 +66,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -315,6 +318,8 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
         "achieved_tflops": round(flops / step_s / 1e12, 2),
         "mfu": round(flops / step_s / 1e12 / args.peak_tflops, 4),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
+        # the variant's process, model and all (on a CPU the learner's memory; Linux reports KiB)
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "top_kernels": profile,
         "device_busy": busy,
         **paired,
@@ -603,7 +608,8 @@ def main() -> None:
             print(
                 f"{variant:28s} "
                 + (f"{r['tokens_per_s']:>10,.0f} tok/s  mfu {r['mfu']:.3f}  step {r['step_s_median']:.3f} s  "
-                   f"peak {r['peak_mem_gib']} GiB  busy {r['device_busy'].get('share_of_step', '-')}"
+                   f"peak {r['peak_mem_gib']} GiB  rss {r.get('peak_rss_gib')} GiB  "
+                   f"busy {r['device_busy'].get('share_of_step', '-')}"
                 if r["ok"] else "FAILED: " + r["error"][-600:]),
                 flush=True,
             )  # fmt: skip
