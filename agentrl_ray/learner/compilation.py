@@ -24,8 +24,8 @@ LAYER_COMPILE_OPTIONS: dict = {"dynamic": True}
 COMPILE_SCOPE = "layers"
 # Each compiled layer's linears that read the same input (q/k/v, gate/up, and LoRA's A on each) run as one matmul
 # (learner/linear_fusion.py). Off until a GPU measures it (docs/learner_speed.md round 5): on a CPU the step was
-# level with it, and the concatenated weights may be kept for backward (at 0.5B the bfloat16 q/k/v and gate/up of
-# 24 layers are 0.47 GB). benchmarks/learner_throughput.py's `fuse` lever turns it on.
+# level with it, and the concatenated weights kept for backward raised the learner's peak RSS by 0.18-0.61 GiB at
+# 0.5B (docs/benchmarks.md round 11). benchmarks/learner_throughput.py's `fuse` lever turns it on.
 FUSE_SHARED_INPUT_LINEARS = False
 # learner.compile_buckets: how many fixed-shape graphs of a layer torch keeps before it falls back to eager
 FIXED_SHAPE_GRAPHS = 128

@@ -111,7 +111,7 @@ def test_linears_of_different_dtypes_fuse_only_with_their_own(monkeypatch):
 
 
 @pytest.mark.slow  # over ~3 s: left out of `make test-fast`
-def test_compiled_lora_layers_fuse_their_projections_and_match_unfused_and_eager(builtin_model_path, monkeypatch):
+def test_compiled_lora_layers_fuse_their_projections_and_match_eager(builtin_model_path, monkeypatch):
     """The learner's compiled LoRA layer with the fusion on: q/k/v, their three adapters' A, o with its A, gate/up
     with their A's, down with its A (float32: one dtype) become 5 matmuls' groups, 21 linear calls 12; log-probs and
     gradients equal the eager model's (off, the layers compile as tests/unit/test_learner_compile.py checks)."""
