@@ -89,3 +89,21 @@ def as_ray_train_rank_zero(monkeypatch, device) -> None:
 
     monkeypatch.setattr(ray.train, "get_context", RankZeroOfOne)
     monkeypatch.setattr(ray.train.torch, "get_device", lambda: device)
+
+
+def cpu_policy(path: str, monkeypatch, *overrides: str):
+    """The learner's real `Policy` on this process's CPU (DDP backend, `load_config` overrides after the cpu profile),
+    seeded, with LoRA's B (which starts at 0) moved so that the adapter changes the output."""
+    import torch
+
+    from agentrl_ray.infra.profiles import load_config
+    from agentrl_ray.learner.policy import Policy
+
+    as_ray_train_rank_zero(monkeypatch, torch.device("cpu"))
+    cfg = load_config(None, ["profile=cpu", "learner.backend=ddp", *overrides])
+    torch.manual_seed(0)
+    policy = Policy(path, cfg.model, cfg.learner, need_reference=False)
+    for name, p in policy.module.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02)
+    return policy

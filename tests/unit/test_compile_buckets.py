@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from builders import as_ray_train_rank_zero
+from builders import cpu_policy
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from agentrl_ray.config import ConfigError
@@ -15,16 +15,7 @@ from agentrl_ray.learner.policy import pad_right
 
 
 def _policy(path: str, monkeypatch, *overrides: str):
-    from agentrl_ray.learner.policy import Policy
-
-    as_ray_train_rank_zero(monkeypatch, torch.device("cpu"))
-    cfg = load_config(None, ["profile=cpu", "learner.backend=ddp", "learner.lora.enabled=true", *overrides])
-    torch.manual_seed(0)
-    policy = Policy(path, cfg.model, cfg.learner, need_reference=False)
-    for name, p in policy.module.named_parameters():  # LoRA's B starts at 0: move it so the adapter counts
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.02)
-    return policy
+    return cpu_policy(path, monkeypatch, "learner.lora.enabled=true", *overrides)
 
 
 def _logprobs_and_grads(policy, ids: torch.Tensor):

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from builders import as_ray_train_rank_zero
+from builders import cpu_policy
 
-from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.learner import shared_prefix
 from agentrl_ray.learner.batching import computed_tokens, micro_batches
 from agentrl_ray.types import TrainBatch
@@ -27,16 +26,7 @@ def _rows(prompt_len: int, lengths: list[int], vocab: int, seed: int = 0, prompt
 
 
 def _policy(path: str, monkeypatch, *overrides: str):
-    from agentrl_ray.learner.policy import Policy
-
-    as_ray_train_rank_zero(monkeypatch, torch.device("cpu"))
-    cfg = load_config(None, ["profile=cpu", "learner.backend=ddp", "learner.compile=false", *overrides])
-    torch.manual_seed(0)
-    policy = Policy(path, cfg.model, cfg.learner, need_reference=False)
-    for name, p in policy.module.named_parameters():  # LoRA's B starts at 0: move it so the adapter counts
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.02)
-    return policy
+    return cpu_policy(path, monkeypatch, "learner.compile=false", *overrides)
 
 
 def _logprobs_and_grads(policy, ids: torch.Tensor, share: bool):

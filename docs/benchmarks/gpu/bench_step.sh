@@ -1,7 +1,11 @@
 # The `step` of the GPU learner benchmark scripts beside this file (sourced: `. "$(dirname "${BASH_SOURCE[0]}")/bench_step.sh"`).
 # step NAME MAX_SECONDS ARGS...: benchmarks/learner_throughput.py $A $W ARGS, cut at MAX_SECONDS or at what is left
 # of BUDGET seconds since T0 (skipped under 45 s), into $OUT/NAME.json and .log; prints its result lines, the GPU,
-# its matmul rate and any paired measurements. Reads PY, OUT, BUDGET, T0, A and W (W may be unset).
+# its matmul rate and any paired measurements. Reads PY, OUT, BUDGET, T0, A and W (W may be unset); sourcing sets
+# T0 (now), PY (python3) and OUT (/tmp/gpu_out) where they are unset.
+T0=${T0:-$(date +%s)}
+PY=${PY:-python3}
+OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 step() {
   local name=$1 lim=$2; shift 2
   local left=$(( BUDGET - ($(date +%s) - T0) ))

@@ -10,14 +10,13 @@
 # its variant, not the round.
 # DRY=1: the same commands at the tiny shape on a CPU (the logic only).
 set -u
-T0=$(date +%s)
-PY=${PY:-python3}
-OUT=${OUT:-/tmp/gpu_out}
+. "$(dirname "${BASH_SOURCE[0]}")/bench_step.sh"  # step NAME MAX_SECONDS ARGS...; T0, PY and OUT if unset
 BUDGET=${BUDGET:-560}   # seconds: no command starts after this
-if [ "${DRY:-0}" = 1 ]; then A="--device cpu --warmup 1 --steps 1 --seq 256 --min-len 200"; S05=tiny; S15=tiny; W=""
-else A="--device cuda --min-len 900"; S05=0.5b; S15=1.5b; W="--warmup 2"; fi
 VT="--variant-timeout 110"
-. "$(dirname "${BASH_SOURCE[0]}")/bench_step.sh"  # step NAME MAX_SECONDS ARGS...
+case "${DRY:-0}" in
+  1) A="--device cpu --warmup 1 --steps 1 --seq 256 --min-len 200"; S05=tiny; S15=tiny; W="" ;;
+  *) A="--device cuda --min-len 900"; S05=0.5b; S15=1.5b; W="--warmup 2" ;;
+esac
 # 1. 0.5B full fine-tune, 1 x 16: as a run compiles today (round 3's 28.6%), fused, bucketed, both
 step lt05-full 400 --shape $S05 --variants \
     full.compile.mb16,full.compile.mb16.fuse,full.compile.mb16.bucket,full.compile.mb16.fuse.bucket --steps 4 $VT
