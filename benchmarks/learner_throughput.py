@@ -26,6 +26,8 @@ A variant is a setting and its levers, `SETTING[.LEVER...]`:
 - `mb16`: one micro-batch of 16 sequences instead of two of 8;
 - `zero0`, `zero1`: DeepSpeed's ZeRO stage 0 or 1 instead of 2 (one GPU has nothing to partition);
 - `share`: learner.shared_prefix=true (its `auto` leaves it off on a GPU; `--paired-share` needs it on);
+- `flash`: a packed micro-batch's remainders attend through SDPA's CPU flash kernel, as before round 12, instead of
+  `learner/cpu_attention.py`'s GEMMs (CPU only; the log-probs of the first micro-batch are the packed ones);
 - with `compile`: `static` compiles the layers for this benchmark's fixed shape (`dynamic=False`; a run's batches
   change length every step, so the learner compiles them with dynamic shapes), `cudagraphs` on top of that replays
   them as CUDA graphs (`mode="reduce-overhead"`; with layers compiled one by one this fails on a GPU: the 24
@@ -94,7 +96,7 @@ SETTINGS = {
 CHILD_ARGS = ("device", "shape", "micro_batch", "micro_batches", "seq", "prompt_len", "warmup", "steps", "profile")
 CHILD_ARGS += ("peak_tflops", "min_len", "paired", "paired_keep", "paired_thread", "paired_scatter", "paired_share")
 LEVERS = ("old", "-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "-keep", "-share", "compile", "mb16")
-LEVERS += ("zero0", "zero1", "static", "cudagraphs", "stack", "share", "fuse", "bucket")
+LEVERS += ("zero0", "zero1", "static", "cudagraphs", "stack", "share", "fuse", "bucket", "flash")
 BUCKET = 128  # the `bucket` lever's learner.compile_buckets
 SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -211,6 +213,10 @@ def apply_levers(levers: list[str]) -> None:
         from agentrl_ray.learner import compilation
 
         compilation.COMPILE_SCOPE = "stack"
+    if "flash" in levers:
+        from agentrl_ray.learner import shared_prefix
+
+        shared_prefix.CPU_GEMM_ATTENTION = False
     if "fuse" in levers:
         from agentrl_ray.learner import compilation
 
@@ -259,7 +265,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
     load_s = time.perf_counter() - t0
 
     full = build_batch(groups, cfg.algorithm, 0, 1 << 20)
-    (mb, _), *_ = micro_batches(full, n_micro)
+    (mb, _), *_ = micro_batches(full, n_micro, policy.shared_prefix)
     mb = mb.to(device)
     scored = (mb.action_mask + mb.env_mask) > 0
     with torch.no_grad():

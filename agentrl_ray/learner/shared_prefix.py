@@ -20,9 +20,13 @@ from __future__ import annotations
 
 import torch
 
+from agentrl_ray.learner import cpu_attention
+
 ATTENTION = "agentrl_shared_prefix"  # the attention implementation name `install` registers
 KWARG = "agentrl_prefix_layout"  # the forward's keyword that carries the layout to every attention call
 MIN_SHARED_TOKENS = 16  # below (B - 1) * P saved tokens the packed path is not taken
+# On a CPU the remainders attend through `cpu_attention` (GEMMs), not SDPA's flash kernel (docs/benchmarks.md).
+CPU_GEMM_ATTENTION = True
 
 
 def common_prefix_length(input_ids: torch.Tensor) -> int:
@@ -81,15 +85,20 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     sdpa = torch.nn.functional.scaled_dot_product_attention
     qp, kp, vp = query[:, :, :p], key[:, :, :p], value[:, :, :p]
     head = sdpa(qp, kp, vp, dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=gqa)
-    tail = sdpa(
-        remainder(query, heads),
-        with_prefix(key),
-        with_prefix(value),
-        attn_mask=layout,
-        dropout_p=dropout,
-        scale=scaling,
-        enable_gqa=gqa,
-    )  # (B, Hq, C, D)
+    if CPU_GEMM_ATTENTION and query.device.type == "cpu" and not dropout:
+        tail = cpu_attention.attend(
+            remainder(query, heads), with_prefix(key), with_prefix(value), layout, scaling or dim**-0.5
+        )
+    else:
+        tail = sdpa(
+            remainder(query, heads),
+            with_prefix(key),
+            with_prefix(value),
+            attn_mask=layout,
+            dropout_p=dropout,
+            scale=scaling,
+            enable_gqa=gqa,
+        )  # (B, Hq, C, D)
     tail = tail.transpose(0, 1).reshape(1, heads, rows * c, dim)
     return torch.cat([head, tail], dim=2).transpose(1, 2).contiguous(), None
 
