@@ -27,7 +27,7 @@ A variant is a setting and its levers, `SETTING[.LEVER...]`:
 - `zero0`, `zero1`: DeepSpeed's ZeRO stage 0 or 1 instead of 2 (one GPU has nothing to partition);
 - `share`: learner.shared_prefix=true (its `auto` leaves it off on a GPU; `--paired-share` needs it on);
 - `flash`: a packed micro-batch's remainders attend through SDPA's CPU flash kernel, as before round 12, instead of
-  `learner/cpu_attention.py`'s GEMMs (CPU only; the log-probs of the first micro-batch are the packed ones);
+  `learner/cpu_attention.py`'s GEMMs (CPU only);
 - with `compile`: `static` compiles the layers for this benchmark's fixed shape (`dynamic=False`; a run's batches
   change length every step, so the learner compiles them with dynamic shapes), `cudagraphs` on top of that replays
   them as CUDA graphs (`mode="reduce-overhead"`; with layers compiled one by one this fails on a GPU: the 24
@@ -265,7 +265,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
     load_s = time.perf_counter() - t0
 
     full = build_batch(groups, cfg.algorithm, 0, 1 << 20)
-    (mb, _), *_ = micro_batches(full, n_micro, policy.shared_prefix)
+    (mb, _), *_ = micro_batches(full, n_micro)
     mb = mb.to(device)
     scored = (mb.action_mask + mb.env_mask) > 0
     with torch.no_grad():
