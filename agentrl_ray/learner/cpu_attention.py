@@ -54,9 +54,7 @@ def masked_attention(
 def _(query, key, value, allowed, scale):
     b, h, c, d = query.shape
     kv, length = key.shape[1], key.shape[2]
-    return torch.empty_like(query, memory_format=torch.contiguous_format), query.new_empty(
-        b, kv, (h // kv) * c, length
-    )
+    return torch.empty_like(query, memory_format=torch.contiguous_format), query.new_empty(b, kv, (h // kv) * c, length)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::masked_attention_backward", mutates_args=())

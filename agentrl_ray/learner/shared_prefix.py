@@ -85,20 +85,11 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     sdpa = torch.nn.functional.scaled_dot_product_attention
     qp, kp, vp = query[:, :, :p], key[:, :, :p], value[:, :, :p]
     head = sdpa(qp, kp, vp, dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=gqa)
+    q, k, v = remainder(query, heads), with_prefix(key), with_prefix(value)
     if CPU_GEMM_ATTENTION and query.device.type == "cpu" and not dropout:
-        tail = cpu_attention.attend(
-            remainder(query, heads), with_prefix(key), with_prefix(value), layout, scaling or dim**-0.5
-        )
+        tail = cpu_attention.attend(q, k, v, layout, scaling or dim**-0.5)
     else:
-        tail = sdpa(
-            remainder(query, heads),
-            with_prefix(key),
-            with_prefix(value),
-            attn_mask=layout,
-            dropout_p=dropout,
-            scale=scaling,
-            enable_gqa=gqa,
-        )  # (B, Hq, C, D)
+        tail = sdpa(q, k, v, attn_mask=layout, dropout_p=dropout, scale=scaling, enable_gqa=gqa)  # (B, Hq, C, D)
     tail = tail.transpose(0, 1).reshape(1, heads, rows * c, dim)
     return torch.cat([head, tail], dim=2).transpose(1, 2).contiguous(), None
 

@@ -58,9 +58,9 @@ def test_the_custom_op_is_well_formed_for_compiled_layers():
     compiled = torch.compile(lambda q, k, v, a: attend(q * 1.0, k, v, a, 0.25) * 2.0, dynamic=True, fullgraph=True)
     for own in (7, 9):
         tensors, allowed, grad = _inputs(torch.float32, own=own, seed=own)
-        got = _run(lambda *t: compiled(*t, allowed), tensors, grad)
+        got = _run(lambda *t, a=allowed: compiled(*t, a), tensors, grad)
         want = _run(
-            lambda q, k, v: attend(q, k, v, allowed, 0.25) * 2.0,
+            lambda q, k, v, a=allowed: attend(q, k, v, a, 0.25) * 2.0,
             [x.detach().clone().requires_grad_() for x in tensors],
             grad,
         )
