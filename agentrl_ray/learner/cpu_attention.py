@@ -39,6 +39,11 @@ def masked_attention(
     """query (B, Hq, C, D), key and value (B, Hkv, L, D), `allowed` (C, L) bool: which keys each query position
     sees (every row of a query position must see at least one) → the output (B, Hq, C, D) and the probabilities
     (B, Hkv, G*C, L) the backward reads."""
+    with torch.autocast("cpu", enabled=False):  # `attend` gave the inputs autocast's dtype
+        return _forward(query, key, value, allowed, scale)
+
+
+def _forward(query, key, value, allowed, scale):
     b, h, c, d = query.shape
     kv = key.shape[1]
     q = _grouped((query * scale).contiguous(), kv)
@@ -66,9 +71,14 @@ def masked_attention_backward(
     probs: torch.Tensor,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with torch.autocast("cpu", enabled=False):
+        return _backward_values(grad_out, query, key, value, probs, scale)
+
+
+def _backward_values(grad_out, query, key, value, probs, scale):
     b, h, c, d = query.shape
     kv = key.shape[1]
-    do = _grouped(grad_out.contiguous(), kv)
+    do = _grouped(grad_out.to(query.dtype).contiguous(), kv)
     grad_value = torch.matmul(probs.transpose(-1, -2), do)
     grad_probs = torch.matmul(do, value.transpose(-1, -2))
     grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
@@ -103,5 +113,9 @@ masked_attention.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor, scale: float):
-    """`masked_attention`'s output alone (B, Hq, C, D)."""
+    """`masked_attention`'s output alone (B, Hq, C, D). Under CPU autocast the op computes in autocast's dtype, as
+    SDPA does there (a float32 model under `learner.bf16`)."""
+    if torch.is_autocast_enabled("cpu"):
+        dtype = torch.get_autocast_dtype("cpu")
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     return masked_attention(query, key, value, allowed, scale)[0]

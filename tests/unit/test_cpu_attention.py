@@ -66,3 +66,22 @@ def test_the_custom_op_is_well_formed_for_compiled_layers():
         )
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_under_cpu_autocast_it_computes_in_autocasts_dtype_as_sdpa_does():
+    """A float32 model under `learner.bf16` (bfloat16 autocast): forward and backward in bfloat16, compiled too,
+    the float32 inputs' gradients close to SDPA's under the same autocast."""
+    (q, k, v), allowed, grad = _inputs(torch.float32, prefix=20, own=40, dim=64)
+    scale = 64**-0.5
+    compiled = torch.compile(lambda q, k, v: attend(q, k, v, allowed, scale), dynamic=True, fullgraph=True)
+    for fn in (lambda q, k, v: attend(q, k, v, allowed, scale), compiled):
+        tensors = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fn(*tensors)
+        assert out.dtype == torch.bfloat16
+        out.float().backward(grad)
+        got = [out.detach().float(), *(t.grad for t in tensors)]
+        assert all(t.grad.dtype == torch.float32 for t in tensors)
+        exact = _run(_sdpa(allowed, scale), [x.detach().clone().requires_grad_() for x in (q, k, v)], grad)
+        for name, g, w in zip(("out", "dq", "dk", "dv"), got, exact):
+            assert (g - w).abs().max() <= 0.03 * w.abs().max(), name
