@@ -60,6 +60,31 @@ _RELEASE = textwrap.dedent(
 )
 
 
+# A learner's micro-batch in Ray Train's training thread: forward keeps 32 activations of 10 MB (more than a
+# thread's 64 MiB heaps hold), backward frees them newest first while it makes a gradient of each; eight of them.
+_THREAD_HEAPS = textwrap.dedent(
+    """
+    import json, resource, threading, torch
+    out = {}
+    def micro_batch():
+        acts = [torch.ones(2_500_000) for _ in range(32)]
+        g = torch.ones(2_500_000)
+        while acts:
+            a = acts.pop(); g2 = torch.ones(2_500_000); del a, g; g = g2
+        del g
+    def steps():
+        for _ in range(3):
+            micro_batch()
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(8):
+            micro_batch()
+        out["faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+    t = threading.Thread(target=steps); t.start(); t.join()
+    print(json.dumps(out))
+    """
+)
+
+
 @pytest.fixture
 def no_user_allocator(monkeypatch):
     for name in USER_SETTINGS:
@@ -97,6 +122,18 @@ def test_released_memory_goes_back_to_the_kernel():
     assert rss["freed"] > rss["after"] + 0.8 * held  # kept mapped when freed, given back when released
 
 
+@pytest.mark.skipif(not GLIBC, reason="per-thread heaps and MALLOC_TOP_PAD_ are glibc's")
+def test_a_threads_heaps_stay_mapped_between_micro_batches_with_the_learners_settings():
+    settings = allocator_env({}, one_arena=False)
+    without_pad = {k: v for k, v in settings.items() if k != "MALLOC_TOP_PAD_"}
+    unmapped = _run(_THREAD_HEAPS, without_pad)["faults"]
+    kept = _run(_THREAD_HEAPS, settings)["faults"]
+    print(f"page faults over 8 micro-batches in a thread: without the top pad {unmapped}, with it {kept}")
+    # glibc unmaps a heap that a free() leaves empty and maps it again at the next micro-batch (measured: 48,831
+    # faults against 4,883, the rest being the tensors' first touch of pages the heaps already held)
+    assert unmapped > 4 * kept
+
+
 @pytest.mark.parametrize("one_arena", [True, False])
 def test_the_settings_keep_freed_memory(one_arena):
     env = allocator_env({}, one_arena=one_arena)
@@ -105,6 +142,8 @@ def test_the_settings_keep_freed_memory(one_arena):
     # An engine: every thread on the main heap, which has no 64 MiB heaps to unmap. A learner: per-thread arenas,
     # where its OpenMP threads allocate without waiting for one lock.
     assert env.get("MALLOC_ARENA_MAX") == ("1" if one_arena else None)
+    # Per-thread arenas keep their emptied heaps (allocator.KEEP_THREAD_HEAPS) only with a pad over 64 MiB.
+    assert one_arena or int(env["MALLOC_TOP_PAD_"]) > 64 * 2**20
 
 
 @pytest.mark.parametrize(
