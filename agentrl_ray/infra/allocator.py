@@ -15,9 +15,9 @@ where a Ray actor runs its methods, otherwise allocates from heaps of at most 64
 they are empty, whatever the trim threshold says. A learner does not: its OpenMP threads allocate inside parallel
 kernels (the attention's backward), and on one arena they wait for each other's lock. At the 25M shape in bfloat16
 that made the learner's update 4.75 s against 3.80 s with per-thread arenas (and 3.98 s with glibc's defaults;
-docs/benchmarks.md, round 9), while the 0.5B learner ran no faster on one arena than without it (round 8). The price:
-the learner's update runs in a Ray Train thread, so a block of its stays mapped only while its 64 MiB heap holds
-other live blocks; the larger ones are mapped afresh at each micro-batch, as with glibc's defaults. Kept
+docs/benchmarks.md, round 9), while the 0.5B learner ran no faster on one arena than without it (round 8). The learner's
+update runs in a Ray Train thread, whose arena is a list of 64 MiB heaps that glibc unmaps as a free() empties them;
+a top pad above 64 MiB (`KEEP_THREAD_HEAPS`) keeps them mapped, so its micro-batches reuse the same pages. Kept
 as it is, a process would hold its high-water mark from then on: the engine the temporaries of its last weight
 reload, the learner the activations of a micro-batch while the engines sample. So each gives it back where a phase
 ends, when it holds more than 128 MiB free (`release_freed_memory`: after a weight reload and a rollout call, after
