@@ -42,6 +42,14 @@ import os
 
 MMAP_THRESHOLD = 1 << 30  # a single block of 1 GiB or more still gets its own mapping, returned when freed
 NO_TRIM = 1 << 40  # the free top of the heap is kept (glibc takes any size_t)
+# A thread's arena is a list of heaps of at most 64 MiB (glibc's HEAP_MAX_SIZE on 64-bit), and glibc unmaps the
+# newest heap whenever a free() leaves it empty, unless the heap before it lacks room for malloc's top pad
+# (arena.c's heap_trim). With a pad above 64 MiB no heap qualifies, so a learner's activations stay mapped from one
+# micro-batch to the next in Ray Train's training thread as they do on the main heap. Without it the run's learner
+# page-faulted and zeroed 0.7-2.1 million pages (3-8 GB) a step, 6-14 CPU-seconds of system time, where the same
+# update in a main thread faults almost none after its first step (docs/benchmarks.md, round 13). On the main heap the pad
+# only widens each brk() extension; pages are resident once touched, as before.
+KEEP_THREAD_HEAPS = 128 * 2**20
 USER_SETTINGS = (
     "LD_PRELOAD",
     "MALLOC_MMAP_THRESHOLD_",
@@ -74,15 +82,6 @@ def allocator_env(env: dict[str, str] | None = None, *, one_arena: bool) -> dict
         out["MALLOC_TOP_PAD_"] = str(KEEP_THREAD_HEAPS)
     return out
 
-
-# A thread's arena is a list of heaps of at most 64 MiB (glibc's HEAP_MAX_SIZE on 64-bit), and glibc unmaps the
-# newest heap whenever a free() leaves it empty, unless the heap before it lacks room for malloc's top pad
-# (arena.c's heap_trim). With a pad above 64 MiB no heap qualifies, so a learner's activations stay mapped from one
-# micro-batch to the next in Ray Train's training thread as they do on the main heap. Without it the run's learner
-# page-faulted and zeroed 0.7-2.1 million pages (3-8 GB) a step, 6-14 CPU-seconds of system time, where the same
-# update in a main thread faults none after its first step (docs/benchmarks.md, round 13). On the main heap the pad
-# only widens each brk() extension; pages are resident once touched, as before.
-KEEP_THREAD_HEAPS = 128 * 2**20
 
 RELEASE_ABOVE = 128 * 2**20  # free bytes in malloc's heap below which a release is not worth its cost
 
