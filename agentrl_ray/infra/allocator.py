@@ -47,8 +47,8 @@ NO_TRIM = 1 << 40  # the free top of the heap is kept (glibc takes any size_t)
 # (arena.c's heap_trim). With a pad above 64 MiB no heap qualifies, so a learner's activations stay mapped from one
 # micro-batch to the next in Ray Train's training thread as they do on the main heap. Without it the run's learner
 # page-faulted and zeroed 0.7-2.1 million pages (3-8 GB) a step, 6-14 CPU-seconds of system time, where the same
-# update in a main thread faults almost none after its first step (docs/benchmarks.md, round 13). On the main heap the pad
-# only widens each brk() extension; pages are resident once touched, as before.
+# update in a main thread faults almost none after its first step (docs/benchmarks.md, round 13). On the main heap
+# the pad only widens each brk() extension; pages are resident once touched, as before.
 KEEP_THREAD_HEAPS = 128 * 2**20
 USER_SETTINGS = (
     "LD_PRELOAD",
