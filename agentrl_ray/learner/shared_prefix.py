@@ -42,8 +42,11 @@ def worth_sharing(rows: int, prefix: int) -> bool:
 
 def pack(input_ids: torch.Tensor, prefix: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(B, T) rows sharing their first `prefix` tokens → the packed ids (1, P + B*C), their position ids (1, P + B*C)
-    and the layout (C, P + C) bool: which keys (the prefix, then the row's own tokens) each of a row's C remaining
-    tokens attends to. Its shape carries P and C into the compiled layers as sizes, not constants."""
+    and the layout (B, C, P + C) bool, one (C, P + C) matrix expanded over the rows (a view): which keys (the
+    prefix, then the row's own tokens) each of a row's C remaining tokens attends to. Its shape carries B, C and P
+    into the compiled layers as sizes, not constants; B as a size of its own, so that the packed length is
+    P + B*C to the compiler (derived from the length as (L - P) // C, every index of the layer's graph went through
+    a floor division, which costs inductor minutes of symbolic simplification per graph on a CPU)."""
     b, t = input_ids.shape
     c = t - prefix
     device = input_ids.device
@@ -52,7 +55,7 @@ def pack(input_ids: torch.Tensor, prefix: int) -> tuple[torch.Tensor, torch.Tens
     position_ids = torch.cat([positions[:prefix], positions[prefix:].repeat(b)])[None]
     own = torch.ones(c, c, dtype=torch.bool, device=device).tril()
     layout = torch.cat([torch.ones(c, prefix, dtype=torch.bool, device=device), own], dim=1)
-    return ids, position_ids, layout
+    return ids, position_ids, layout.expand(b, c, t)
 
 
 def unpack(hidden: torch.Tensor, rows: int, prefix: int) -> torch.Tensor:
@@ -70,9 +73,9 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     layout = kwargs.pop(KWARG, None)
     if layout is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    c = layout.shape[0]
-    p = layout.shape[1] - c
-    rows = (query.shape[2] - p) // c
+    rows, c = layout.shape[0], layout.shape[1]
+    p = layout.shape[2] - c
+    layout = layout[0]  # (C, P + C): the same for every row
     heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[3]
     gqa = heads != kv_heads
 

@@ -104,6 +104,18 @@ def test_compiled_layers_run_the_packed_micro_batch(builtin_model_path, monkeypa
         _assert_close(policy, ids)
 
 
+def test_pack_lays_out_the_prefix_then_each_rows_remainder_with_their_own_positions():
+    ids = _rows(3, [6, 5, 6], 50)  # a 3-token prompt, rows of 3 + 3 tokens (one right-padded)
+    packed, positions, layout = shared_prefix.pack(ids, 3)
+    assert packed.tolist() == [ids[0, :3].tolist() + ids[:, 3:].reshape(-1).tolist()]
+    assert positions.tolist() == [[0, 1, 2] + [3, 4, 5] * 3]
+    # (B, C, P + C): every key of the prefix, then the row's own tokens causally; one matrix, expanded over the rows
+    # (the row count reaches the compiled layers as a size of its own, not as (L - P) // C)
+    assert layout.shape == (3, 3, 6) and layout.stride(0) == 0
+    want = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert all(torch.equal(layout[b], want) for b in range(3))
+
+
 def test_a_model_with_sliding_window_layers_runs_unpacked(builtin_model_path):
     from transformers import AutoModelForCausalLM
 
