@@ -33,16 +33,12 @@ SHAPES = {
 }
 
 
-def cpuinfo_field(name: str) -> str:
-    """The first CPU's `name` in /proc/cpuinfo ("unknown" where it has none)."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
+def cpuinfo_field(cpuinfo: str, name: str) -> str:
+    """The first CPU's `name` in /proc/cpuinfo's text ("unknown" where it has none)."""
+    for line in cpuinfo.splitlines():
         if line.split(":", 1)[0].strip() == name:
             return line.split(":", 1)[1].strip()
     return "unknown"
-
-
-def cpu_model() -> str:
-    return cpuinfo_field("model name")
 
 
 def main() -> None:
@@ -50,17 +46,17 @@ def main() -> None:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
-    flags = Path("/proc/cpuinfo").read_text()
+    cpuinfo = Path("/proc/cpuinfo").read_text()
     out = {
-        "cpu": cpu_model(),
+        "cpu": cpuinfo_field(cpuinfo, "model name"),
         # A VM may name its CPU only "AMD EPYC": family and model tell its generation apart (25/17: Zen 4, whose
         # 512-bit bfloat16 dot products run on 256-bit units; 26: Zen 5, twice that rate per core and clock).
-        "cpu_family": cpuinfo_field("cpu family"),
-        "cpu_model": cpuinfo_field("model"),
-        "cpu_stepping": cpuinfo_field("stepping"),
+        "cpu_family": cpuinfo_field(cpuinfo, "cpu family"),
+        "cpu_model": cpuinfo_field(cpuinfo, "model"),
+        "cpu_stepping": cpuinfo_field(cpuinfo, "stepping"),
         "cores": os.cpu_count(),
-        "amx": "amx_bf16" in flags,
-        "avx512_bf16": "avx512_bf16" in flags,
+        "amx": "amx_bf16" in cpuinfo,
+        "avx512_bf16": "avx512_bf16" in cpuinfo,
         "torch": torch.__version__,
         "by_threads": {},
     }
