@@ -70,7 +70,7 @@ def _cluster_nodes() -> tuple[list[dict[str, Any]], str] | None:
         return ray.nodes(), ray.util.get_node_ip_address()
     from agentrl_ray.infra.local_ray import cluster_address
 
-    address = cluster_address()
+    address = cluster_address(quiet=True)
     if not address:
         return None
     import ray

@@ -68,9 +68,10 @@ def runtime_env(env_vars: dict[str, str], log_file: str | None = None) -> dict:
 SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 
 
-def running_cluster_address() -> str | None:
+def running_cluster_address(quiet: bool = False) -> str | None:
     """The GCS address of the `ray start` cluster this machine runs, or None: the address Ray recorded at `ray start`,
-    if a GCS process serving it is still up (a stale record is logged and ignored)."""
+    if a GCS process serving it is still up. A stale record is ignored, and said so unless `quiet`: a run that starts
+    its own Ray says why; reading a config (cluster_hardware.py) keeps a user's one-line errors one line."""
     # Where Ray keeps the record (ray._common.utils.get_ray_address_file): checked before importing Ray, so that
     # parsing a config without a cluster stays light (cluster_hardware.py).
     tmp = os.environ.get("RAY_TMPDIR") or (os.environ.get("TMPDIR") if sys.platform.startswith("linux") else None)
@@ -84,13 +85,17 @@ def running_cluster_address() -> str | None:
     services.find_gcs_addresses.cache_clear()
     if recorded in services.find_gcs_addresses():
         return recorded
-    log.warning("ignoring Ray's record of a cluster at %s: no GCS runs there (a cluster that was killed)", recorded)
+    log.log(
+        logging.DEBUG if quiet else logging.WARNING,
+        "ignoring Ray's record of a cluster at %s: no GCS runs there (a cluster that was killed)",
+        recorded,
+    )
     return None
 
 
-def cluster_address() -> str | None:
+def cluster_address(quiet: bool = False) -> str | None:
     """The cluster a run joins: RAY_ADDRESS if set, else the running `ray start` cluster, else None (a local Ray)."""
-    return os.environ.get("RAY_ADDRESS") or running_cluster_address()
+    return os.environ.get("RAY_ADDRESS") or running_cluster_address(quiet)
 
 
 def init_ray(cfg: Config, threads: ThreadPolicy, log_file: str | None = None) -> None:

@@ -104,6 +104,17 @@ def test_config_errors_are_one_line(args, named):
     assert named in one_line_error(cli("config", *args))
 
 
+def test_a_stale_ray_record_leaves_a_config_error_one_line(tmp_path):
+    """Ray's record of a cluster that was killed (no GCS serves it; a machine's CI left one behind): reading a config
+    ignores it without a word, so a user's mistake is still the one line. A run that starts its own Ray says that it
+    ignored the record (tests/ray/test_job_submit.py)."""
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:9")  # the discard port: nothing serves it
+    env = {"RAY_TMPDIR": str(tmp_path)}
+    assert "learner.lrr" in one_line_error(cli("config", "learner.lrr=1", env=env))
+    assert "CPU" in one_line_error(cli("plan", CONFIG, "--nodes", '[{"CPU": 1}]', env=env))
+
+
 def test_config_piped_into_head_ends_quietly():
     """`agentrl-ray config --help | head` closes the pipe early: no BrokenPipeError traceback."""
     proc = subprocess.run(
