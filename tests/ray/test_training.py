@@ -142,26 +142,27 @@ def test_resume_after_a_torn_snapshot_checkpoint_and_metrics_line(two_steps, tmp
     [
         ["learner.backend=deepspeed", "learner.zero_stage=2", "learner.num_workers=2"],
         ["profile=lora", "learner.lora.r=4", "learner.lora.quantize=nf4", "learner.bf16=true"],
-        ["profile=lora", "learner.lora.r=4", "learner.compile=true"],
         [
             "profile=lora",
             "learner.lora.r=4",
             "learner.bf16=true",
             "model.dtype=bfloat16",
             "learner.release_memory=false",
+            "learner.compile=true",
         ],
     ],
-    ids=["deepspeed-zero2-2-workers", "qlora", "lora-compiled", "lora-bf16"],
+    ids=["deepspeed-zero2-2-workers", "qlora", "lora-bf16-compiled"],
 )
 def test_other_learner_setups_train(local_ray, builtin_model_path, tmp_path, variant):
     """DeepSpeed ZeRO-2 over gloo with two learner ranks, QLoRA (an NF4 base in the learner, bitsandbytes on CPU;
-    the engines keep full weights) and LoRA with compiled decoder layers (`learner.compile`, inductor in the Ray
-    Train worker) or on a bfloat16 base under autocast (its adapters' inputs left uncast, `policy.py`; and the
-    freed memory kept between updates, `learner.release_memory=false`), these with
-    adapter-only sync: real steps, new weights, and a resume from their checkpoint (DeepSpeed's own optimizer
-    shards, or the adapter). Plain LoRA runs the path these two share (and trains in
-    test_use_trained.py); its own case here repeated it. One step, then a resume to two: the fewest that show a
-    step, a checkpoint and a resume from it (a run's start is most of its cost; each step is a few seconds more)."""
+    the engines keep full weights), and LoRA as the 0.5B runs train it (benchmarks/trl_side_by_side.py): on a
+    bfloat16 base under autocast (its adapters' inputs left uncast, `policy.py`), with compiled decoder layers
+    (`learner.compile`, inductor in the Ray Train worker) and the freed memory kept between updates
+    (`learner.release_memory=false`); the LoRA ones with adapter-only sync. Real steps, new weights, and a resume
+    from their checkpoint (DeepSpeed's own optimizer shards, or the adapter). Plain LoRA runs the path these share
+    (and trains in test_use_trained.py); compiled and bfloat16 LoRA were two cases, four runs, where one case shows
+    both (a run's start is most of its cost; compiled layers on a float32 base: tests/unit/test_learner_compile.py).
+    One step, then a resume to two: the fewest that show a step, a checkpoint and a resume from it."""
     overrides = [*SMALL, *variant, f"run.output_dir={tmp_path}", "run.name=v", "run.checkpoint_every=0"]
     cfg = load_config(None, [*overrides, "run.steps=1"])
     metrics = train(cfg)
