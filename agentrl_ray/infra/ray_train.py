@@ -26,7 +26,7 @@ from ray._private import ray_constants
 from ray.exceptions import GetTimeoutError
 from ray.train._internal.utils import get_address_and_port
 from ray.train.backend import Backend, BackendConfig
-from ray.train.constants import DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S, TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S
+from ray.train.constants import TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S
 from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
 from ray.train.v2._internal.util import TrainingFramework
 
@@ -82,6 +82,13 @@ def loop_inputs(config: dict) -> dict:
     return ray.get(config["inputs"])
 
 
+# A healthy rank leaves its process group within a second. One that does not is stuck (a frozen process, or one
+# inside a collective whose peer died), and Ray Train kills the group's processes right after this wait anyway, so
+# the wait only delays the restart: Ray's own 30 s made a frozen learner's recovery take
+# recovery.learner_unresponsive_s + 30 s (docs/reliability.md).
+LEAVE_TIMEOUT_S = 5
+
+
 @dataclass
 class ProcessGroupConfig(BackendConfig):
     """`torch_config=` of the TorchTrainer: `torch.distributed` over `backend` ("gloo" on CPUs, "nccl" on GPUs),
@@ -124,10 +131,10 @@ class _ProcessGroupBackend(Backend):
         ray.get(joins)
 
     def on_shutdown(self, worker_group, backend_config: ProcessGroupConfig):
+        """Every rank leaves its process group, waited for at most LEAVE_TIMEOUT_S (a value the user exported as
+        TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S wins)."""
         leaves = worker_group.execute_async(_leave, len(worker_group) > 1)
-        timeout_s = ray_constants.env_integer(
-            TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S, DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S
-        )
+        timeout_s = ray_constants.env_integer(TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S, LEAVE_TIMEOUT_S)
         try:
             ray.get(leaves, timeout=timeout_s)
         except GetTimeoutError:
