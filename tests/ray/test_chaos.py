@@ -158,9 +158,11 @@ def test_a_frozen_rollout_worker_is_killed_at_its_deadline(reference, tmp_path):
         stopped.append(pid)
 
     try:
-        # A tighter decode-step bound finds the frozen engine sooner (the rollout call's deadline ~25 s, was ~36 s):
-        # healthy steps of this tiny model take milliseconds, and the 10 s slack stays.
-        weights, records, before, after, wall = _run(tmp_path, "frozen", chaos, ["recovery.decode_step_s=0.02"])
+        # Tighter bounds find the frozen engine sooner: a decode step of this tiny model takes milliseconds and a
+        # healthy rollout call here ~2 s, the first included, so 0.02 s a step and a 5 s slack (the call's deadline
+        # ~20 s, then ~6 s for the ping that confirms it is stuck; with the 10 s slack 25 + 11 s).
+        tight = ["recovery.decode_step_s=0.02", "recovery.slack_s=5"]
+        weights, records, before, after, wall = _run(tmp_path, "frozen", chaos, tight)
     finally:
         _thaw(stopped)
     assert stopped and after[0] != before[0]  # the frozen engine was killed at its deadline and restarted
