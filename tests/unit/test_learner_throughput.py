@@ -87,10 +87,10 @@ def test_a_variant_past_its_timeout_is_stopped_and_the_next_still_runs(tmp_path)
     out = tmp_path / "lt.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "learner_throughput.py"), "--device=cpu", "--shape=tiny"]
     cmd += ["--seq=32", "--prompt-len=8", "--micro-batch=2", "--micro-batches=1", "--warmup=0"]
-    first = [*cmd, "--steps=100000", "--variant-timeout=20", "--variants=full,lora", f"--out={out}"]
+    first = [*cmd, "--steps=100000", "--variant-timeout=10", "--variants=full,lora", f"--out={out}"]
     proc = subprocess.run(first, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     full, lora = json.loads(out.read_text())["results"]
-    assert not full["ok"] and full["error"].startswith("timed out after 20 s")
+    assert not full["ok"] and full["error"].startswith("timed out after 10 s")
     assert re.search(r"\nfull: step \d+ [\d.]+ s\n", full["error"])  # it had got as far as stepping
     assert not lora["ok"] and re.search(r"\nlora: step \d+ ", lora["error"])  # ran after full was stopped, then cut
