@@ -174,6 +174,10 @@ class TrainBatch:
     def slice(self, start: int, stop: int) -> TrainBatch:
         return TrainBatch(**{k: v[start:stop] for k, v in self.__dict__.items()})
 
+    def select(self, rows: torch.Tensor) -> TrainBatch:
+        """The rows where `rows` (B,) bool is True, in order."""
+        return TrainBatch(**{k: v[rows] for k, v in self.__dict__.items()})
+
     def to(self, device: torch.device | str) -> TrainBatch:
         return TrainBatch(**{k: v.to(device) for k, v in self.__dict__.items()})
 

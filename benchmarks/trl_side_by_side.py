@@ -136,6 +136,8 @@ def run_ours(s: Settings, task: str, rep: int, prompt_lens: list[int]) -> dict:
         f"rollout.max_total_tokens={max(prompt_lens) + s.max_completion}",
         f"learner.lr={s.lr}",
         f"learner.micro_batch_size={s.micro_batch}",
+        # TRL computes every row; a random model's rewards are all 0, so ours would compute none (round 17).
+        "learner.skip_zero_gradient_rows=false",
         f"learner.torch_threads={s.threads}",
         f"rollout.num_threads={s.threads}",
         f"model.path={model_path(s) if s.model == 'qwen05b' else 'builtin:' + s.model}",

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from agentrl_ray.algorithms import compute_advantages, overlong_penalty
-from agentrl_ray.config import AlgorithmConfig
+from agentrl_ray.config import AlgorithmConfig, LearnerConfig
 from agentrl_ray.types import TrainBatch, TrajectoryGroup
 
 
@@ -46,6 +46,20 @@ def build_batch(groups: list[TrajectoryGroup], cfg: AlgorithmConfig, pad_id: int
         truncated=torch.tensor([t.finish_reason == "length" for t in trajs]),
         policy_version=torch.tensor([t.policy_version for t in trajs]),
     )
+
+
+def rows_with_gradient(batch: TrainBatch, cfg: AlgorithmConfig, echo_coeff: float, echo_only: bool) -> torch.Tensor:
+    """(B,) bool: the rows whose loss term has a gradient (`algorithms.compute_loss`). A row's policy term is
+    -advantage * ratio (plus beta * KL) over its action tokens, so it vanishes with a zero advantage and beta 0,
+    without action tokens, when truncated under `mask_truncated`, and under `echo.only`; its ECHO term needs
+    environment tokens and a nonzero coefficient."""
+    echo_term = (batch.env_mask.sum(dim=1) > 0) & (echo_coeff != 0)  # (B,)
+    if echo_only:
+        return echo_term
+    acts = batch.action_mask.sum(dim=1) > 0  # (B,)
+    if cfg.mask_truncated:
+        acts &= ~batch.truncated.bool()
+    return echo_term | (acts & ((batch.advantages != 0) | (cfg.beta > 0)))
 
 
 def shard(batch: TrainBatch, rank: int, world_size: int) -> TrainBatch:
@@ -99,10 +113,31 @@ def micro_batches(batch: TrainBatch, num: int, share_prefix: bool = False) -> li
         weight = 1.0
         if stop == start:
             start, stop, weight = 0, 1, 0.0
-        mb = batch.slice(start, stop)
-        t = int(mb.attention_mask.sum(dim=1).max())
-        out.append((TrainBatch(**{k: (v[:, :t] if v.dim() == 2 else v) for k, v in mb.__dict__.items()}), weight))
+        out.append((_trimmed(batch.slice(start, stop)), weight))
     return out
+
+
+def _trimmed(batch: TrainBatch) -> TrainBatch:
+    """`batch` cut to its longest row (right padding)."""
+    t = int(batch.attention_mask.sum(dim=1).max())
+    return TrainBatch(**{k: (v[:, :t] if v.dim() == 2 else v) for k, v in batch.__dict__.items()})
+
+
+def rank_micro_batches(
+    full: TrainBatch, trained: TrainBatch, rank: int, world: int, lc: LearnerConfig, share_prefix: bool
+) -> list[tuple[TrainBatch, float]]:
+    """This rank's micro-batches of the step's `trained` rows (all of `full`'s, or those with a gradient), as many
+    as every other rank runs. A rank left without rows (every row skipped, or fewer rows than ranks) runs
+    zero-weight copies of the step's first row: the backwards that DDP and ZeRO expect, zero gradients for the
+    optimizer step."""
+    filler = _trimmed(full.slice(0, 1))
+    if len(trained) == 0:
+        return [(filler, 0.0)]
+    n_micro = micro_batch_count(trained, world, lc.micro_batch_size, lc.micro_batch_tokens)
+    mine = shard(trained, rank, world)
+    if len(mine) == 0:
+        return [(filler, 0.0)] * n_micro
+    return micro_batches(mine, n_micro, share_prefix)
 
 
 def computed_tokens(batch: TrainBatch, order: torch.Tensor, num: int) -> int:

@@ -9,7 +9,7 @@ import torch
 from agentrl_ray.algorithms import LossNorm, compute_loss, echo_coeff_at
 from agentrl_ray.config import Config
 from agentrl_ray.learner import guards
-from agentrl_ray.learner.batching import build_batch, micro_batch_count, micro_batches, shard
+from agentrl_ray.learner.batching import build_batch, rank_micro_batches, rows_with_gradient
 from agentrl_ray.learner.policy import Policy
 from agentrl_ray.learner.schedule import lr_at
 from agentrl_ray.types import TrajectoryGroup
@@ -24,10 +24,12 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
     full = build_batch(groups, a, pad_id, cfg.rollout.max_total_tokens)
     # Counts over the whole step's batch (every rank holds it), so the loss is split-invariant.
     norm = LossNorm.of(full.action_mask, full.env_mask, a.loss_norm_constant or cfg.rollout.max_total_tokens, world)
-    mine = shard(full, rank, world)
-    n_micro = micro_batch_count(full, world, lc.micro_batch_size, lc.micro_batch_tokens)
-    mbs = [(mb.to(policy.device), w) for mb, w in micro_batches(mine, n_micro, policy.shared_prefix)]
     coeff = echo_coeff_at(cfg.echo, step)
+    live = rows_with_gradient(full, a, coeff, cfg.echo.only)  # (N,)
+    trained = full.select(live) if lc.skip_zero_gradient_rows else full
+    mine = rank_micro_batches(full, trained, rank, world, lc, policy.shared_prefix)
+    mbs = [(mb.to(policy.device), w) for mb, w in mine]
+    rows_here = sum(len(mb) for mb, w in mbs if w)  # this rank's computed rows, fillers aside
     old = [mb.rollout_logprobs for mb, _ in mbs]
     # Every loss and metric reads log-probs through the action or environment mask: prompt and padding positions
     # are never scored (chunked_logprobs skips their share of the head).
@@ -78,10 +80,12 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
             skipped += 1
             continue
         t0 = time.perf_counter()
-        sums["grad_norm"] = sums.get("grad_norm", 0.0) + policy.step(lr) * len(mine)
+        sums["grad_norm"] = sums.get("grad_norm", 0.0) + policy.step(lr) * max(1, rows_here)
         t_opt += time.perf_counter() - t0
-    denom = max(1, len(mine)) * a.num_iterations
-    out = {f"loss/{k}": v / denom for k, v in sums.items()}
+    denom = max(1, rows_here) * a.num_iterations
+    # A rank that computed no row has no entropy, ratio or mismatch to report (zeros would read as a collapse).
+    out = {f"loss/{k}": v / denom for k, v in sums.items() if rows_here or k == "grad_norm"}
+    out["loss/zero_gradient_rows"] = int((~live).sum())
     out["time/optimizer_s"] = t_opt
     out["loss/echo_coeff"] = coeff
     out["loss/lr"] = lr
