@@ -13,10 +13,20 @@
    - generation (decode): 2 * params FLOPs per token (+ attention over the context), and per decode iteration the
      weights read once plus every sequence's KV cache; the iteration count is at least the mean sampled tokens per
      trajectory (all sequences decode in lock step), the best case for the bytes bound;
-   - learner: 6 * params FLOPs per trained token (forward + backward, + attention), with AdamW's reads and writes.
+   - learner: 6 * params FLOPs per trained token (forward + backward, + attention), with AdamW's reads and writes;
+     under LoRA 4 * the frozen body's params (forward, and the backward through the activations: no weight
+     gradient) + 6 * the adapters' params. The head (vocabulary x hidden) only over the scored tokens, whose
+     log-probs the loss reads, and a group's shared prompt once (the least an exact learner computes).
    A phase's bound is the larger of its FLOP time (at the large-GEMM rate of its dtype and thread count) and its byte
    time (at the copy bandwidth). The whole step's bound is the phases' sum on-policy, the slower one overlapped.
-3. Prints each phase's measured time (the run's mean over steps 2..N), its bound and the fraction bound/measured.
+3. Prints each phase's measured time (the run's mean over steps 2..N), its bound and the fraction bound/measured;
+   with --vs-step-s (another trainer's step at the same work), the most this step could beat it by, and the
+   fraction of the bound that --times x would need.
+
+    # the side-by-side's shape (docs/benchmarks.md, "Current results"): its measured phases on the command line
+    python benchmarks/roofline.py --model "$(python benchmarks/qwen05b_shape.py)" --lora-r 16 --group 8 \
+        --samples 64 --tokens 16384 --prompt-len 58 --generate-s 69.4 --learner-s 140.0 --step-s 209.4 \
+        --gen-dtype bf16 --learner-dtype bf16 --gen-threads 2 --learner-threads 2 --vs-step-s 595.0
 
 Read the fractions with the model size in mind: the built-in model has 0.44M parameters (1.8 MB in float32, which
 sits in the CPU's cache), so a step is dominated by per-call overhead (Python, kernel launches, vLLM scheduling,
@@ -75,6 +85,13 @@ def measure_machine(hidden: int, intermediate: int) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------------- the model
 
 
+def body_params(model: torch.nn.Module) -> int:
+    """What multiplies every token: the decoder's weight matrices (no embedding lookup, no head, and no norm or
+    bias, which add rather than multiply)."""
+    skip = {id(model.get_output_embeddings().weight), id(model.get_input_embeddings().weight)}
+    return sum(p.numel() for p in model.parameters() if p.dim() >= 2 and id(p) not in skip)
+
+
 def model_shape(path: str) -> dict[str, float]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -82,8 +99,11 @@ def model_shape(path: str) -> dict[str, float]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head = model.get_output_embeddings().weight
     return {
         "params": sum(p.numel() for p in model.parameters()),  # tied embeddings counted once (the lm_head matmul)
+        "head_params": head.numel(),
+        "body_params": body_params(model),
         "layers": config.num_hidden_layers,
         "hidden": config.hidden_size,
         "intermediate": config.intermediate_size,
@@ -113,26 +133,84 @@ def measured_step(run_dir: Path) -> dict[str, float]:
     }
 
 
-def bounds(m: dict[str, float], step: dict[str, float], hw: dict[str, dict], prompt_len: float) -> dict[str, dict]:
+# The seven projections LoRA adapts by default (learner.lora.target_modules): (input width, output width).
+PROJECTIONS = {
+    "q_proj": ("hidden", "attn_dim"),
+    "k_proj": ("hidden", "kv_dim"),
+    "v_proj": ("hidden", "kv_dim"),
+    "o_proj": ("attn_dim", "hidden"),
+    "gate_proj": ("hidden", "intermediate"),
+    "up_proj": ("hidden", "intermediate"),
+    "down_proj": ("intermediate", "hidden"),
+}
+
+
+def lora_params(m: dict, r: int, targets=tuple(PROJECTIONS)) -> int:
+    """Parameters of rank-`r` adapters (A: r x in, B: out x r) on `targets` in every decoder layer."""
+    return m["layers"] * sum(r * (m[PROJECTIONS[t][0]] + m[PROJECTIONS[t][1]]) for t in targets)
+
+
+def learner_flops(
+    m: dict, tokens: float, scored: float, *, lora_r: int = 0, targets=tuple(PROJECTIONS), context: float = 0.0
+) -> dict[str, float]:
+    """FLOPs of one forward + backward over `tokens` positions, `scored` of them through the head, by part.
+
+    Full fine-tune: 6 x params (2 forward, 2 for the activations' gradient, 2 for the weights'). LoRA of rank
+    `lora_r` on `targets`: the frozen body 4 x (no weight gradient), the adapters 6 x; in the first layer, whose
+    input (the embedding) needs no gradient, q, k and v (base and adapter A) skip the input's gradient.
+    `context`: mean positions each token attends to (QK^T and AV, 3 x forward)."""
+    if not lora_r:
+        return {
+            "body": tokens * 6 * m["body_params"],
+            "head": scored * 6 * m["head_params"],
+            "adapters": 0.0,
+            "attention": tokens * 3 * 4 * m["layers"] * m["attn_dim"] * context,
+        }
+    first = ("q_proj", "k_proj", "v_proj")
+    first_base = sum(m["hidden"] * m[PROJECTIONS[t][1]] for t in first)
+    first_a = sum(lora_r * m["hidden"] for t in first if t in targets)
+    return {
+        "body": tokens * (4 * m["body_params"] - 2 * first_base),
+        "head": scored * 4 * m["head_params"],
+        "adapters": tokens * (6 * lora_params(m, lora_r, targets) - 2 * first_a),
+        "attention": tokens * 3 * 4 * m["layers"] * m["attn_dim"] * context,
+    }
+
+
+def bounds(
+    m: dict[str, float],
+    step: dict[str, float],
+    hw: dict[str, dict],
+    prompt_len: float,
+    *,
+    group: int = 1,
+    lora_r: int = 0,
+    targets=tuple(PROJECTIONS),
+) -> dict[str, dict]:
     """Lower-bound seconds of generation and of the learner update for one step, each at the GEMM rate of the
-    threads and dtype it ran with (`hw["generation"]`, `hw["learner"]`: {"gflops", "gb_per_s", "bytes_per_param"})."""
+    threads and dtype it ran with (`hw["generation"]`, `hw["learner"]`: {"gflops", "gb_per_s", "bytes_per_param"}).
+    `group`: copies of each prompt (their prompt computed once); `lora_r`: LoRA's rank on `targets` (0: a full
+    fine-tune)."""
     n, p = step["samples"], m["params"]
     per_traj = step["completion_tokens"] / n
     seq = prompt_len + per_traj  # tokens per trajectory
+    prompts = n / group * prompt_len  # distinct prompt tokens: a group's copies share theirs
     # Generation: prefill the prompts and the tool results (prefix caching spares the rest of a multi-turn history),
-    # decode the sampled tokens; causal attention reads on average half the context.
-    gen_tokens = n * prompt_len + step["completion_tokens"]
+    # decode the sampled tokens, each through the head; causal attention reads on average half the context.
     attn_fwd = 4 * m["layers"] * m["attn_dim"] * (seq / 2)  # FLOPs per token for QK^T and AV
-    gen_flops = gen_tokens * (2 * p + attn_fwd)
+    gen_flops = (prompts + step["completion_tokens"]) * (2 * m["body_params"] + attn_fwd)
+    gen_flops += step["sampled_tokens"] * 2 * m["head_params"]
     iterations = step["sampled_tokens"] / n  # lock-step decode: at least the mean sampled length
     b = hw["generation"]["bytes_per_param"]
     kv_bytes = n * iterations * (seq / 2) * m["layers"] * 2 * m["kv_dim"] * b
     gen_bytes = iterations * p * b + kv_bytes
-    # Learner: forward + backward over every real token; AdamW reads weights, grads, 2 moments and writes 3 of them
-    # (float32 master weights whatever the matmul dtype).
-    train_tokens = n * seq
-    learn_flops = train_tokens * (6 * p + 3 * attn_fwd)
-    learn_bytes = 7 * p * 4 + train_tokens * m["layers"] * m["hidden"] * hw["learner"]["bytes_per_param"] * 10
+    # Learner: forward + backward over every real token (a group's prompt once), the head over the completions;
+    # AdamW reads weights, grads, 2 moments and writes 3 of them (float32 master weights whatever the matmul dtype).
+    train_tokens = prompts + step["completion_tokens"]
+    parts = learner_flops(m, train_tokens, step["completion_tokens"], lora_r=lora_r, targets=targets, context=seq / 2)
+    learn_flops = sum(parts.values())
+    trained = lora_params(m, lora_r, targets) if lora_r else p
+    learn_bytes = 7 * trained * 4 + train_tokens * m["layers"] * m["hidden"] * hw["learner"]["bytes_per_param"] * 10
     out = {}
     for name, flops, nbytes, measured in (
         ("generation", gen_flops, gen_bytes, step["generate_s"]),
@@ -162,6 +240,7 @@ def bounds(m: dict[str, float], step: dict[str, float], hw: dict[str, dict], pro
         "measured_s": step["step_s"],
         "fraction_of_roofline": whole / step["step_s"],
     }
+    out["learner"]["gflop_by_part"] = {k: v / 1e9 for k, v in parts.items()}
     # Per decode iteration: what the engine spends beyond the arithmetic is per-iteration overhead.
     out["generation"]["decode_iterations_at_least"] = iterations
     out["generation"]["measured_s_per_iteration_at_most"] = step["generate_s"] / iterations
@@ -204,6 +283,10 @@ def main() -> None:
     p.add_argument("--learner-threads", type=int, help="threads the learner ran with (default: the run's config)")
     p.add_argument("--gen-dtype", choices=["fp32", "bf16"], help="default: the run's model.dtype")
     p.add_argument("--learner-dtype", choices=["fp32", "bf16"], help="default: bf16 if the run's learner.bf16")
+    p.add_argument("--group", type=int, help="copies of each prompt (default: the run's rollout.group_size, else 1)")
+    p.add_argument("--lora-r", type=int, help="LoRA rank on the seven projections (default: the run's, else none)")
+    p.add_argument("--vs-step-s", type=float, help="another trainer's step at the same work: how far 4x is")
+    p.add_argument("--times", type=float, default=4.0, help="the speed-up over --vs-step-s to price (default 4)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "roofline.json")
     args = p.parse_args()
     if args.model is None:
@@ -245,7 +328,15 @@ def main() -> None:
     }
     print(f"model: {m['params'] / 1e6:.2f}M params ({m['params'] * 4 / 2**20:.1f} MiB fp32), {m}")
     print(f"step ({step['source']}): {json.dumps({k: round(v, 2) for k, v in step.items() if k != 'source'})}")
-    result = bounds(m, step, hw, args.prompt_len)
+    config = args.run_dir / "config.json" if args.tokens is None else None
+    cfg = json.loads(config.read_text()) if config and config.exists() else {}
+    group = args.group or cfg.get("rollout", {}).get("group_size", 1)
+    lora_cfg = cfg.get("learner", {}).get("lora", {})
+    r = args.lora_r if args.lora_r is not None else (lora_cfg.get("r", 0) if lora_cfg.get("enabled") else 0)
+    targets = lora_cfg.get("target_modules") or tuple(PROJECTIONS)
+    lora = f"r {r}, {lora_params(m, r, targets) / 1e6:.2f}M params" if r else "none"
+    print(f"a group's {group} copies share their prompt; LoRA: {lora}")
+    result = bounds(m, step, hw, args.prompt_len, group=group, lora_r=r, targets=targets)
     print(f"{'phase':<12}{'GFLOP':>9}{'GB':>9}{'FLOP bound':>12}{'byte bound':>12}{'measured':>10}{'fraction':>10}")
     for name, r in result.items():
         print(
@@ -258,7 +349,26 @@ def main() -> None:
         f"{1e3 * g['measured_s_per_iteration_at_most']:.1f} ms measured per iteration against a FLOP bound of "
         f"{1e3 * g['flop_bound_s_per_iteration']:.2f} ms"
     )
-    args.out.write_text(json.dumps({"machine": machine, "model": m, "step": step, "bounds": result}, indent=2))
+    print(f"learner GFLOP by part: {json.dumps({k: round(v) for k, v in result['learner']['gflop_by_part'].items()})}")
+    whole = result["whole step"]["bound_s"]
+    vs = None
+    if args.vs_step_s:
+        # At the bound this step is vs / bound times faster than the other; --times x needs a step of vs / x.
+        vs = {
+            "other_step_s": args.vs_step_s,
+            "most_times_faster": args.vs_step_s / whole,
+            "times": args.times,
+            "fraction_of_bound_needed": whole / (args.vs_step_s / args.times),
+            "measured_times_faster": args.vs_step_s / step["step_s"],
+        }
+        print(
+            f"against a step of {args.vs_step_s:.1f} s: at its bound ({whole:.1f} s) this step is at most "
+            f"{vs['most_times_faster']:.2f}x faster (measured {vs['measured_times_faster']:.2f}x); {args.times:g}x "
+            f"needs a step of {args.vs_step_s / args.times:.1f} s, {100 * vs['fraction_of_bound_needed']:.0f}% of the "
+            f"bound over the whole step"
+        )
+    report = {"machine": machine, "model": m, "step": step, "group": group, "lora_r": r, "bounds": result, "vs": vs}
+    args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
 
 
