@@ -25,7 +25,7 @@
 
     # the side-by-side's shape (docs/benchmarks.md, "Current results"): its measured phases on the command line
     python benchmarks/roofline.py --model "$(python benchmarks/qwen05b_shape.py)" --lora-r 16 --group 8 \
-        --samples 64 --tokens 16384 --prompt-len 58 --generate-s 69.4 --learner-s 140.0 --step-s 209.4 \
+        --samples 64 --tokens 16384 --prompt-len 58.75 --generate-s 69.4 --learner-s 140.0 --step-s 209.4 \
         --gen-dtype bf16 --learner-dtype bf16 --gen-threads 2 --learner-threads 2 --vs-step-s 595.0
 
 Read the fractions with the model size in mind: the built-in model has 0.44M parameters (1.8 MB in float32, which
@@ -92,17 +92,13 @@ def body_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.dim() >= 2 and id(p) not in skip)
 
 
-def model_shape(path: str) -> dict[str, float]:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+def shape_of(model: torch.nn.Module) -> dict[str, float]:
+    """The sizes the bounds price, from a causal LM (its weights may live on the meta device)."""
+    config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    head = model.get_output_embeddings().weight
     return {
         "params": sum(p.numel() for p in model.parameters()),  # tied embeddings counted once (the lm_head matmul)
-        "head_params": head.numel(),
+        "head_params": model.get_output_embeddings().weight.numel(),
         "body_params": body_params(model),
         "layers": config.num_hidden_layers,
         "hidden": config.hidden_size,
@@ -111,6 +107,13 @@ def model_shape(path: str) -> dict[str, float]:
         "kv_dim": config.num_key_value_heads * head_dim,
         "vocab": config.vocab_size,
     }
+
+
+def model_shape(path: str) -> dict[str, float]:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return shape_of(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)))
 
 
 def measured_step(run_dir: Path) -> dict[str, float]:
@@ -285,7 +288,7 @@ def main() -> None:
     p.add_argument("--learner-dtype", choices=["fp32", "bf16"], help="default: bf16 if the run's learner.bf16")
     p.add_argument("--group", type=int, help="copies of each prompt (default: the run's rollout.group_size, else 1)")
     p.add_argument("--lora-r", type=int, help="LoRA rank on the seven projections (default: the run's, else none)")
-    p.add_argument("--vs-step-s", type=float, help="another trainer's step at the same work: how far 4x is")
+    p.add_argument("--vs-step-s", type=float, help="another trainer's step at the same work: how far --times x is")
     p.add_argument("--times", type=float, default=4.0, help="the speed-up over --vs-step-s to price (default 4)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "roofline.json")
     args = p.parse_args()
@@ -332,11 +335,11 @@ def main() -> None:
     cfg = json.loads(config.read_text()) if config and config.exists() else {}
     group = args.group or cfg.get("rollout", {}).get("group_size", 1)
     lora_cfg = cfg.get("learner", {}).get("lora", {})
-    r = args.lora_r if args.lora_r is not None else (lora_cfg.get("r", 0) if lora_cfg.get("enabled") else 0)
+    rank = args.lora_r if args.lora_r is not None else (lora_cfg.get("r", 0) if lora_cfg.get("enabled") else 0)
     targets = lora_cfg.get("target_modules") or tuple(PROJECTIONS)
-    lora = f"r {r}, {lora_params(m, r, targets) / 1e6:.2f}M params" if r else "none"
+    lora = f"r {rank}, {lora_params(m, rank, targets) / 1e6:.2f}M params" if rank else "none"
     print(f"a group's {group} copies share their prompt; LoRA: {lora}")
-    result = bounds(m, step, hw, args.prompt_len, group=group, lora_r=r, targets=targets)
+    result = bounds(m, step, hw, args.prompt_len, group=group, lora_r=rank, targets=targets)
     print(f"{'phase':<12}{'GFLOP':>9}{'GB':>9}{'FLOP bound':>12}{'byte bound':>12}{'measured':>10}{'fraction':>10}")
     for name, r in result.items():
         print(
@@ -367,7 +370,7 @@ def main() -> None:
             f"needs a step of {args.vs_step_s / args.times:.1f} s, {100 * vs['fraction_of_bound_needed']:.0f}% of the "
             f"bound over the whole step"
         )
-    report = {"machine": machine, "model": m, "step": step, "group": group, "lora_r": r, "bounds": result, "vs": vs}
+    report = {"machine": machine, "model": m, "step": step, "group": group, "lora_r": rank, "bounds": result, "vs": vs}
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
 
