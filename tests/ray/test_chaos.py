@@ -221,48 +221,42 @@ def _learner_pids():
     return pids
 
 
-def test_a_killed_learner_worker_resumes_from_the_latest_checkpoint(reference, tmp_path):
-    """Ray Train's FailureConfig restarts the learner from checkpoint 1; the dead learner's rollout call still runs
-    on the engine, and the new learner's waits for it (one rollout call at a time per worker)."""
-    killed = []
-
-    def chaos(pool, run_dir):
-        _when_rollout_is_out(pool, run_dir)
-        killed.extend(_learner_pids())
-        for pid in killed:
-            os.kill(pid, signal.SIGKILL)
-
-    weights, records, before, after, wall = _run(tmp_path, "learner", chaos)
-    assert killed and after == before  # the learner died; the rollout worker and env host were left alone
-    # Its step times are the new attempt's: the restart shows in the run's wall time instead.
-    print(f"SIGKILL learner worker: run took {wall:.1f} s, uninterrupted {reference[3]:.1f} s")
-    _check_same_run(reference, weights, records, "SIGKILL learner worker")
-
-
-def test_a_frozen_learner_worker_is_declared_dead_at_its_deadline(reference, tmp_path):
-    """SIGSTOP the learner worker mid-rollout: Ray Train's health check of it hangs, and past
-    `recovery.learner_unresponsive_s` the controller declares it dead, kills it, and FailureConfig restarts the
-    learner from the latest checkpoint, as after a SIGKILL."""
+def test_a_frozen_then_a_killed_learner_worker_resume_from_the_latest_checkpoint(reference, tmp_path):
+    """One run, two learner failures (one run start instead of two):
+    - during step 2's rollout the learner worker is frozen (SIGSTOP): Ray Train's health check of it hangs, and past
+      `recovery.learner_unresponsive_s` the controller declares it dead, kills it, and FailureConfig restarts the
+      learner from checkpoint 1;
+    - during step 3's rollout the restarted learner is killed (SIGKILL): FailureConfig restarts it from checkpoint 2
+      (`recovery.max_learner_failures=2`: two failures allowed; the default is one).
+    Each dead learner's rollout call still runs on the engine, and the new learner's waits for it (one rollout call
+    at a time per worker); the rollout worker and env host are left alone."""
     import psutil
 
-    frozen = []
+    frozen, killed = [], []
 
     def chaos(pool, run_dir):
-        _when_rollout_is_out(pool, run_dir)
+        _when_rollout_is_out(pool, run_dir, after_step=1)
         for pid in _learner_pids():
             os.kill(pid, signal.SIGSTOP)
             frozen.append(pid)
+        _when_rollout_is_out(pool, run_dir, after_step=2)  # step 2 redone by the restarted learner
+        killed.extend(pid for pid in _learner_pids() if pid not in frozen)
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
 
     try:
         weights, records, before, after, wall = _run(
-            tmp_path, "frozen-learner", chaos, ["recovery.learner_unresponsive_s=10"]
+            tmp_path, "learner", chaos, ["recovery.learner_unresponsive_s=10", "recovery.max_learner_failures=2"]
         )
         gone = [not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE for pid in frozen]
     finally:
         _thaw(frozen)
-    assert frozen and all(gone) and after == before  # the frozen learner was killed; the rollout actors left alone
-    print(f"SIGSTOP learner worker: run took {wall:.1f} s, uninterrupted {reference[3]:.1f} s (deadline 10 s)")
-    _check_same_run(reference, weights, records, "SIGSTOP learner worker")
+    assert frozen and all(gone)  # the frozen learner was killed at its deadline
+    assert killed and not set(killed) & set(frozen)  # the second failure hit the restarted learner
+    assert after == before  # the rollout worker and env host were left alone
+    # Its step times are the new attempts': the restarts show in the run's wall time instead.
+    print(f"SIGSTOP, then SIGKILL learner worker: run took {wall:.1f} s, uninterrupted {reference[3]:.1f} s")
+    _check_same_run(reference, weights, records, "SIGSTOP, then SIGKILL learner worker")
 
 
 _RUN_MARKER = "AGENTRL_TEST_KILLED_RUN"  # in the environment of every process of the run the test kills

@@ -5,8 +5,9 @@ step's rollout is out, and a replacement node joins, as an autoscaler would add 
   the new node and restarts both actors there (`max_restarts`); the pool redoes the lost rollout call with the same
   rows and seed (rollout/recovery.py).
 - The learner node: Ray Train's FailureConfig restarts the worker group on the new node from the latest checkpoint.
-The run must complete every step, log each step exactly once, and end with the very weights of an uninterrupted run
-on the same cluster with the same seed."""
+Both happen in one run (the rollout node in step 2, the learner node in step 3), which must complete every step, log
+each step exactly once, and end with the very weights of an uninterrupted run on the same cluster with the same
+seed."""
 
 from __future__ import annotations
 
@@ -98,16 +99,16 @@ def _run(out, name, chaos=None):
     return _final_weights(cfg.run_dir), records, before, after, nodes
 
 
-def _when_rollout_is_out(pool, run_dir, training):
-    """Once step 1 is logged and step 2's environments are open on the env host (its rollout call is in flight);
-    False if the run ended before."""
+def _when_rollout_is_out(pool, run_dir, training, after_step):
+    """Once step `after_step` is logged and the next step's environments are open on the env host (its rollout call
+    is in flight); False if the run ended before."""
     path = run_dir / "metrics.jsonl"
     while training():
         try:
             steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
         except (OSError, ValueError):  # not written yet, or a line half written
             steps = []
-        if steps and ray.get(pool.env_hosts[0].stats.remote())["open"] > 0:
+        if steps and max(steps) >= after_step and ray.get(pool.env_hosts[0].stats.remote())["open"] > 0:
             return True
         time.sleep(0.05)
     return False
@@ -156,35 +157,32 @@ def reference(cluster, tmp_path_factory):
     return weights, records, nodes
 
 
-@pytest.mark.parametrize("role", ["rollout", "learner"])
-def test_a_lost_node_is_replaced_and_the_run_is_the_same(cluster, reference, tmp_path, role):
+def test_lost_nodes_are_replaced_and_the_run_is_the_same(cluster, reference, tmp_path):
+    """One run, two nodes lost (one run start instead of two): the rollout node during step 2's rollout, then the
+    learner node during step 3's, each replaced by a fresh node of the same shape once it is gone."""
     ref_weights, ref_records, ref_nodes = reference
-    victim, spec = (cluster.rollout_node, ROLLOUT_NODE) if role == "rollout" else (cluster.learner_node, LEARNER_NODE)
-    old = victim.node_id
-    on_victim = {"RolloutWorker", "RestartableEnvHost"} if role == "rollout" else {"RayTrainWorker"}
+    old_rollout, old_learner = cluster.rollout_node.node_id, cluster.learner_node.node_id
     # The reference's learner is gone after its run; its node is read from the run under test below.
-    assert all(ref_nodes[c] == {old} for c in on_victim - {"RayTrainWorker"})  # the node to kill holds them
-    replacement = []
+    assert ref_nodes["RolloutWorker"] == ref_nodes["RestartableEnvHost"] == {old_rollout}  # the node to kill holds them
+    replacements = {}
 
     def chaos(pool, run_dir, training):
-        assert _when_rollout_is_out(pool, run_dir, training), "the run ended before step 2's rollout"
-        if role == "learner":
-            assert _alive_on("RayTrainWorker") == {old}  # the learner runs on the node to kill
-        cluster.remove_node(victim, allow_graceful=False)  # raylet and every worker on it: SIGKILL
-        replacement.append(cluster.add_node(**spec))
+        assert _when_rollout_is_out(pool, run_dir, training, after_step=1), "the run ended before step 2's rollout"
+        cluster.remove_node(cluster.rollout_node, allow_graceful=False)  # raylet and every worker on it: SIGKILL
+        replacements["rollout"] = cluster.rollout_node = cluster.add_node(**ROLLOUT_NODE)
+        assert _when_rollout_is_out(pool, run_dir, training, after_step=2), "the run ended before step 3's rollout"
+        assert _alive_on("RayTrainWorker") == {old_learner}  # the learner runs on the node to kill
+        cluster.remove_node(cluster.learner_node, allow_graceful=False)
+        replacements["learner"] = cluster.learner_node = cluster.add_node(**LEARNER_NODE)
 
-    weights, records, before, after, nodes = _run(tmp_path, f"{role}_node_lost", chaos)
-    assert replacement, "the node was never killed"
-    new = replacement[0].node_id
-    if role == "rollout":
-        cluster.rollout_node = replacement[0]
-        assert nodes["RolloutWorker"] == {new} and nodes["RestartableEnvHost"] == {new}  # restarted on the new node
-        assert all(a != b for a, b in zip(after, before))  # new processes
-    else:
-        cluster.learner_node = replacement[0]
-        assert after == before  # the rollout actors were left alone
+    weights, records, before, after, nodes = _run(tmp_path, "nodes_lost", chaos)
+    assert replacements.keys() == {"rollout", "learner"}, "a node was never killed"
+    new_rollout = replacements["rollout"].node_id
+    assert nodes["RolloutWorker"] == nodes["RestartableEnvHost"] == {new_rollout}  # restarted on the new node
+    assert all(a != b for a, b in zip(after, before))  # new processes
     # Ray Train sees its worker's connection drop at once; the GCS marks the node dead only after its missed health
     # checks, which a short run can finish before (a CI run failed here with the node still listed as alive).
-    assert _node_declared_dead(old, timeout_s=60), "the killed node is still alive in the cluster's view"
-    _report(f"{role} node lost", records, (ref_weights, ref_records))
-    _check_same_run((ref_weights, ref_records), weights, records, f"{role} node lost")
+    for old in (old_rollout, old_learner):
+        assert _node_declared_dead(old, timeout_s=60), f"the killed node {old} is still alive in the cluster's view"
+    _report("rollout node, then learner node lost", records, (ref_weights, ref_records))
+    _check_same_run((ref_weights, ref_records), weights, records, "rollout node, then learner node lost")
