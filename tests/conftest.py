@@ -1,6 +1,8 @@
 """Shared fixtures. Tests in tests/ray start a real local Ray (CPU) and real vLLM engines: no mocks of either."""
 
 import os
+import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,59 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # not a count of polls (ray/train/v2/_internal/execution/worker_group/worker_group.py). The driver passes it on to
 # the controller and the workers (ENV_VARS_TO_PROPAGATE); the runs tests start in subprocesses inherit it.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+# Every process this session starts (Rays, their workers, runs in subprocesses) inherits the mark; each xdist worker
+# sets its own.
+SESSION_MARK = "AGENTRL_TEST_SESSION"
+os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_orphan_outlives_the_session():
+    """A process the session started whose parent is gone is killed when the session ends, and named in a warning.
+    Once a Ray Train controller (`ray::TrainController`, from test_placement_cluster.py's Ray Train fit) stayed
+    asleep after its cluster was shut down, its raylet gone, and would have stayed for good on a machine that CI
+    reuses. The session's own children (an env host's zygote, ended by its closed stdin when the session exits) and
+    their descendants are left alone; orphans still ending (a Ray shut down a moment ago) get a few seconds."""
+    yield
+    import psutil
+
+    deadline = time.monotonic() + 10
+    while (left := _orphans(os.environ[SESSION_MARK])) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    named = []
+    for proc in left:
+        try:
+            named.append(f"{proc.pid} {proc.name()}")
+            proc.kill()
+        except psutil.Error:  # gone meanwhile
+            pass
+    if named:  # a warning: pytest's summary shows it, xdist workers' included
+        warnings.warn(f"killed {len(named)} orphaned process(es) of the test session: {', '.join(named)}", stacklevel=1)
+
+
+def _orphans(mark: str) -> list:
+    """Live processes with the session's mark whose parent is neither the session nor another of them."""
+    import psutil
+
+    marked = {}
+    for proc in psutil.process_iter():
+        try:
+            if (
+                proc.pid != os.getpid()
+                and proc.status() != psutil.STATUS_ZOMBIE
+                and proc.environ().get(SESSION_MARK) == mark
+            ):
+                marked[proc.pid] = proc
+        except psutil.Error:  # gone meanwhile, or not ours to read
+            pass
+    out = []
+    for proc in marked.values():
+        try:
+            if proc.ppid() != os.getpid() and proc.ppid() not in marked:
+                out.append(proc)
+        except psutil.Error:
+            pass
+    return out
 
 
 @pytest.fixture(scope="session")
