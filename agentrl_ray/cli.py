@@ -32,6 +32,7 @@ from agentrl_ray.config import BUILTIN_MODELS, ConfigError, parse_overrides
 from agentrl_ray.config import help as config_help
 from agentrl_ray.infra import console
 from agentrl_ray.infra.profiles import load_config
+from agentrl_ray.infra.user_code import add_user_code_paths
 from agentrl_ray.traces import cli as traces_cli
 from agentrl_ray.traces import sft
 
@@ -100,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # User modules named in a config resolve from the working directory and the config's folder (user_code.py).
+    config_args = getattr(args, "args", None) or []
+    add_user_code_paths(config_args[0] if config_args and "=" not in config_args[0] else None)
     try:
         return _run(args)
     except BrokenPipeError:

@@ -107,6 +107,8 @@ def init_ray(cfg: Config, threads: ThreadPolicy, log_file: str | None = None) ->
     if ray.is_initialized():
         return
     env_vars = threads.actor_env()
+    if os.environ.get("PYTHONPATH"):  # the user's folders (user_code.py), for every worker that imports user code
+        env_vars["PYTHONPATH"] = os.environ["PYTHONPATH"]
     forward = log_file is None
     address = cluster_address()
     if address:
