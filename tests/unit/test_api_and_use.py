@@ -194,7 +194,8 @@ def test_ollama_template_lists_the_trained_tools_and_the_call_format():
     assert text.startswith("FROM ./m.gguf\n") and 'SYSTEM "Be brief."' in text and "PARAMETER num_ctx 320" in text
 
 
-def test_readme_shows_the_python_api_example_verbatim():
+def test_python_api_page_shows_the_example_verbatim():
+    """docs/python_api.md shows examples/python_api/train.py whole (the README an excerpt of it: test_readme.py)."""
     example = (ROOT / "examples" / "python_api" / "train.py").read_text()
     code = example.split('"""', 2)[2].strip()  # the script without its docstring
-    assert code in (ROOT / "README.md").read_text()
+    assert code in (ROOT / "docs" / "python_api.md").read_text()

@@ -81,7 +81,7 @@ def test_arithmetic_rows_are_deterministic_correct_and_splits_disjoint():
 def test_shipped_model_is_the_recipe_in_the_code():
     """Every shipped folder is named by a recipe of the code, holds that recipe (recipe.json), and its config and
     tokenizer have that recipe's shape; the default model is shipped. A changed recipe names another folder: then
-    this fails until the model is rebuilt and shipped again (README, "The built-in models")."""
+    this fails until the model is rebuilt and shipped again (docs/training.md, "The built-in models")."""
     shipped = sorted(p.name for p in builtin_model.SHIPPED.iterdir() if p.is_dir())
     names = {builtin_model.folder_name(size): size for size in recipes.RECIPES}
     assert builtin_model.folder_name("tiny") in shipped
