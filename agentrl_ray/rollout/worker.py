@@ -17,6 +17,7 @@ import torch
 
 from agentrl_ray.chat_format import prompt_messages
 from agentrl_ray.config import EnvConfig, ModelConfig, RewardConfig, RolloutConfig
+from agentrl_ray.data import row_tools
 from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.envs.loading import env_class as make_env_class
 from agentrl_ray.envs.tools import tool_schemas
@@ -224,7 +225,7 @@ class RolloutWorker:
             # TRL convention: text returned by reset() is appended to the last user message.
             messages[-1]["content"] = f"{messages[-1]['content']}{extra}"
         ids = self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, add_generation_prompt=True, tokenize=True, return_dict=False
+            messages, tools=row_tools(row, self.tools), add_generation_prompt=True, tokenize=True, return_dict=False
         )
         if len(ids) + 1 >= self.cfg.max_total_tokens:
             raise ValueError(

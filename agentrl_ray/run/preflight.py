@@ -26,6 +26,7 @@ from typing import Any
 
 from agentrl_ray.chat_format import prompt_messages
 from agentrl_ray.config import Config, ConfigError
+from agentrl_ray.data import row_tools
 
 SAMPLE_ROWS = 16
 # What the rollout worker passes to reward functions besides the dataset columns (see rollout/worker.py, TRL's names).
@@ -164,13 +165,20 @@ def check_prompt_lengths(
         conversations.append(messages)
     # Rendered in one batch, then tokenized in one batch: the same ids as the worker's per-prompt
     # apply_chat_template(tokenize=True), about 6x faster (4000 prompts of the default task: ~2 s instead of ~18 s).
-    texts = tokenizer.apply_chat_template(conversations, tools=tools, add_generation_prompt=True, tokenize=False)
+    if any(row.get("tools") is not None for row in rows):  # rows with tools of their own: rendered one by one
+        texts = [
+            tokenizer.apply_chat_template(c, tools=row_tools(row, tools), add_generation_prompt=True, tokenize=False)
+            for c, row in zip(conversations, rows)
+        ]
+    else:
+        texts = tokenizer.apply_chat_template(conversations, tools=tools, add_generation_prompt=True, tokenize=False)
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     for i, n in enumerate(lengths):
         if n + 1 >= max_total_tokens:
             raise ConfigError(
                 f"{where} row {i} (id {rows[i].get('id')!r}): the prompt is {n} tokens with the chat template "
-                f"and {len(tools)} tool schemas, but rollout.max_total_tokens={max_total_tokens} leaves no room to "
+                f"and {len(row_tools(rows[i], tools))} tool schemas, but rollout.max_total_tokens={max_total_tokens} "
+                "leaves no room to "
                 "generate: raise rollout.max_total_tokens or shorten the prompt"
             )
 
