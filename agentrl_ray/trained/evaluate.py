@@ -4,7 +4,8 @@
     agentrl-ray eval runs/calculator/checkpoint_000010 --samples 8 --temperature 1.0 --data held_out.jsonl
 
 It samples through `inference.Agent` (the run's rollout worker, agent loop, environment and reward functions) and
-reports pass@1 with a 95% bootstrap interval over prompts, pass@k (the unbiased estimator of Chen et al. 2021,
+reports pass@1 with a 95% bootstrap interval over prompts (and per category, for rows with a `category` column),
+pass@k (the unbiased estimator of Chen et al. 2021,
 https://arxiv.org/abs/2107.03374), the tool error rate and turns per conversation; `transcripts.jsonl` holds
 every conversation as OpenAI-style messages. With the defaults (the run's eval set, `rollout.eval_temperature`,
 `run.eval_samples` and seed -1 - step, the seed the learner's evaluation used at that step) it reproduces the
@@ -17,7 +18,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl_ray.rewards.eval_stats import pass_rates
+from agentrl_ray.rewards.eval_stats import by_category, pass_rates
 
 if TYPE_CHECKING:
     from agentrl_ray.types import TrajectoryGroup
@@ -63,6 +64,9 @@ def evaluate_checkpoint(
         seed = -1 - ckpt.step if seed is None else seed
         groups = agent.sample(rows, samples, temperature, seed)
     report = summarize(groups, cfg.run.success_threshold)
+    categories = by_category(groups, rows, cfg.run.success_threshold)
+    if categories:  # rows with a category column (BFCL): each category's pass@1 with its own interval
+        report["by_category"] = categories
     report.update(checkpoint=str(ckpt.path), step=ckpt.step, temperature=temperature, seed=seed)
     out = Path(out) if out else ckpt.run_dir / f"eval_{ckpt.step:06d}"
     out.mkdir(parents=True, exist_ok=True)
@@ -103,4 +107,7 @@ def main(args) -> int:
         f"{lo:.3f}-{hi:.3f}) | tool error rate {report['tool_error_rate']:.3f} | turns "
         f"{report['turns_per_sample']:.2f} | transcripts: {report['out']}/transcripts.jsonl"
     )
+    for name, r in report.get("by_category", {}).items():
+        lo, hi = r["pass@1_ci95"]
+        print(f"  {name}: {r['prompts']} prompts, pass@1 {r['pass@1']:.3f} (95% CI {lo:.3f}-{hi:.3f})")
     return 0

@@ -4,7 +4,7 @@ numbers `agentrl-ray eval` reports for the same samples."""
 import pytest
 from builders import trajectory
 
-from agentrl_ray.rewards.eval_stats import pass_rates, training_eval_metrics
+from agentrl_ray.rewards.eval_stats import by_category, pass_rates, training_eval_metrics
 from agentrl_ray.run.step_lines import eval_text
 from agentrl_ray.trained.evaluate import summarize
 from agentrl_ray.types import TrajectoryGroup
@@ -51,3 +51,15 @@ def test_the_progress_line_shows_the_interval_and_pass_at_k():
     text = eval_text(m)
     assert text.startswith("success 0.250 (pass@1 95% CI 0.000-0.500") and "pass@2 0.500" in text
     assert eval_text({"eval/success": 0.5}) == "success 0.500"  # a run logged before the interval existed
+
+
+def test_rows_with_a_category_get_pass_at_1_per_category():
+    groups = [_group(f"s{i}", [1.0] if i < 3 else [0.0]) for i in range(4)]  # simple: 3 of 4
+    groups += [_group(f"p{i}", [0.0]) for i in range(2)]  # parallel: 0 of 2
+    rows = [{"id": g.prompt_id, "category": "simple" if g.prompt_id[0] == "s" else "parallel"} for g in groups]
+    m = training_eval_metrics(groups, 1.0, rows)
+    assert m["eval/simple/pass@1"] == 0.75 and m["eval/parallel/pass@1"] == 0.0
+    assert m["eval/simple/pass@1_ci95_lo"] <= 0.75 <= m["eval/simple/pass@1_ci95_hi"]
+    assert m["eval/pass@1"] == pytest.approx(0.5)  # the pooled number stays
+    assert not any("/" in k.removeprefix("eval/") for k in training_eval_metrics(groups, 1.0))  # no column, none
+    assert set(by_category(groups, rows, 1.0)) == {"parallel", "simple"}
