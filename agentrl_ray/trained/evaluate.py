@@ -2,6 +2,7 @@
 
     agentrl-ray eval runs/calculator                     # the run's held-out set, its eval temperature and samples
     agentrl-ray eval runs/calculator/checkpoint_000010 --samples 8 --temperature 1.0 --data held_out.jsonl
+    agentrl-ray eval --config examples/bfcl/config.yaml [key=value ...]   # the config's model.path, untrained
 
 It samples through `inference.Agent` (the run's rollout worker, agent loop, environment and reward functions) and
 reports pass@1 with a 95% bootstrap interval over prompts (and per category, for rows with a `category` column),
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from agentrl_ray.rewards.eval_stats import by_category, pass_rates
 
 if TYPE_CHECKING:
+    from agentrl_ray.config import Config
     from agentrl_ray.types import TrajectoryGroup
 
 
@@ -50,25 +52,37 @@ def evaluate_checkpoint(
     temperature: float | None = None,
     seed: int | None = None,
     out: str | Path | None = None,
+    config: Config | None = None,
 ) -> dict[str, Any]:
-    """Evaluate; writes `report.json` and `transcripts.jsonl` to `out` (default: `eval_<step>/` beside the
-    checkpoint) and returns the report."""
+    """Evaluate `checkpoint`, or with `config` (and no checkpoint) the model its `model.path` names before any
+    training (step 0: the untrained or warm-started model); writes `report.json` and `transcripts.jsonl` to `out`
+    (default: `eval_<step>/` beside the checkpoint, `<run dir>/eval_model/` for a config) and returns the report."""
     from agentrl_ray.data import load_rows
     from agentrl_ray.trained.inference import Agent, transcript
 
-    with Agent.load(checkpoint) as agent:
-        cfg, ckpt = agent.cfg, agent.checkpoint
+    if config is not None:
+        from agentrl_ray.builtin.resolve import resolve_model
+
+        agent, step = Agent(config, resolve_model(config.model.path)), 0
+        out = out or config.run_dir / "eval_model"
+    else:
+        agent = Agent.load(checkpoint)
+        step = agent.checkpoint.step
+        out = out or agent.checkpoint.run_dir / f"eval_{step:06d}"
+    with agent:
+        cfg = agent.cfg
         rows = load_rows(data or cfg.data.eval, cfg.data, split="eval", size=size or cfg.data.eval_size)
         samples = samples or cfg.run.eval_samples
         temperature = cfg.rollout.eval_temperature if temperature is None else temperature
-        seed = -1 - ckpt.step if seed is None else seed
+        seed = -1 - step if seed is None else seed
         groups = agent.sample(rows, samples, temperature, seed)
     report = summarize(groups, cfg.run.success_threshold)
     categories = by_category(groups, rows, cfg.run.success_threshold)
     if categories:  # rows with a category column (BFCL): each category's pass@1 with its own interval
         report["by_category"] = categories
-    report.update(checkpoint=str(ckpt.path), step=ckpt.step, temperature=temperature, seed=seed)
-    out = Path(out) if out else ckpt.run_dir / f"eval_{ckpt.step:06d}"
+    checkpoint_path = str(agent.checkpoint.path) if agent.checkpoint else None
+    report.update(checkpoint=checkpoint_path, model=cfg.model.path, step=step, temperature=temperature, seed=seed)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     by_id = {str(r["id"]): r for r in rows}
     with (out / "transcripts.jsonl").open("w") as f:
@@ -81,7 +95,12 @@ def evaluate_checkpoint(
 
 
 def add_arguments(p) -> None:
-    p.add_argument("checkpoint", help="a checkpoint_NNNNNN folder, or a run folder (its newest checkpoint)")
+    p.add_argument(
+        "checkpoint",
+        nargs="*",
+        help="a checkpoint_NNNNNN folder, or a run folder (its newest checkpoint); with --config: key=value overrides",
+    )
+    p.add_argument("--config", help="evaluate this config's model.path as it is, before training (the untrained model)")
     p.add_argument("--data", help="a .jsonl file or dataset folder (default: the run's data.eval)")
     p.add_argument("--size", type=int, help="rows to evaluate (default: the run's data.eval_size)")
     p.add_argument("--samples", type=int, help="samples per row (default: the run's run.eval_samples)")
@@ -91,8 +110,18 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
+    from agentrl_ray.config import ConfigError
+
+    config = None
+    if args.config:
+        from agentrl_ray.infra.profiles import load_config
+
+        config = load_config(args.config, args.checkpoint)
+    elif len(args.checkpoint) != 1:
+        raise ConfigError("give one checkpoint (or a run folder), or --config CONFIG.yaml [key=value ...]")
     report = evaluate_checkpoint(
-        args.checkpoint,
+        None if config else args.checkpoint[0],
+        config=config,
         data=args.data,
         size=args.size,
         samples=args.samples,
