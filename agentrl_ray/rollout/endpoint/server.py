@@ -23,6 +23,7 @@ request (400).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import logging
 import socket
@@ -205,9 +206,8 @@ class Endpoint:
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
         hit = [text.find(s) for s in stops if s and s in text]
         if hit:
-            # The shortest prefix of the sampled ids whose text reaches the stop string; its text stops before it.
             cut = min(hit)
-            k = next(k for k in range(1, len(ids) + 1) if len(self.tokenizer.decode(ids[:k])) > cut)
+            k = stop_prefix_len(self.tokenizer, ids, cut)
             ids, logprobs, text, finish = ids[:k], logprobs[:k], text[:cut], "stop"
         eos = self.tokenizer.eos_token_id
         ended = finish == "stop" and not hit and bool(ids) and ids[-1] == eos
@@ -321,3 +321,14 @@ async def _sse(answer: dict[str, Any]):
         yield f"data: {json.dumps(base | {'choices': [last]})}\n\n"
     yield f"data: {json.dumps(base | {'choices': [], 'usage': answer['usage']})}\n\n"
     yield "data: [DONE]\n\n"
+
+
+def stop_prefix_len(tokenizer, ids: list[int], cut: int) -> int:
+    """The length of the shortest prefix of the sampled `ids` whose text runs past `cut` characters (where the stop
+    string starts): the ids that are trained.
+
+    A binary search, since a prefix's text never gets shorter as ids are added (bytes of a character not yet whole
+    decode to one replacement character): log2(len(ids)) decodes, where decoding every prefix in turn was quadratic
+    (1.3 s for a stop string 4,000 tokens in).
+    """
+    return bisect.bisect_right(range(len(ids) + 1), cut, key=lambda k: len(tokenizer.decode(ids[:k])))
