@@ -17,13 +17,14 @@ forwards its workers' output as usual.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -94,34 +95,96 @@ def eta_text(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
+NO_ETA = "--:--"
+# tqdm's default layout with our ETA (a literal, set at each update) where tqdm's own {remaining} goes: tqdm's comes
+# from its rate since the bar started, start-up included.
+_BAR = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<%s, {rate_fmt}{postfix}]"
+
+
 class Progress:
     """Progress with an ETA: a tqdm bar on a terminal, with our lines printed above it; elsewhere (CI, a `ray job
-    submit` log) plain lines, each with the ETA, and every `every`-th update a line of its own."""
+    submit` log) plain lines, each with the ETA, and every `every`-th update a line of its own.
 
-    def __init__(self, total: int, desc: str, *, initial: int = 0, unit: str = "step", every: int = 0) -> None:
+    The ETA is the steps left times the median step time, plus the evaluations left (they run after the steps in
+    `eval_steps`) times the median evaluation time, from the second step on (`NO_ETA` before). A step's time is
+    what `update` is told it measured, else the time since the previous update; the first update's gap is not a
+    step time, it holds the start-up (model load, Ray, engines), which made the time since start over the steps
+    done 40x too long at step 1. Medians, so one slow step (a checkpoint, a compile) does not swing the ETA.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        *,
+        initial: int = 0,
+        unit: str = "step",
+        every: int = 0,
+        eval_steps: Sequence[int] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.total, self.desc, self.every, self.done = total, desc, every, initial
+        self.first, self.eval_steps = initial, sorted(eval_steps)
+        self.clock = clock
+        self.last = clock()  # when the previous update came
+        self.step_times: list[float] = []  # seconds, kept sorted for the median
+        self.eval_times: list[float] = []
         self.stream = out()
-        self.start, self.first = time.monotonic(), initial
         self.bar = None
         if self.stream.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True)
+            self.bar = tqdm(
+                total=total,
+                initial=initial,
+                desc=desc,
+                unit=unit,
+                file=self.stream,
+                dynamic_ncols=True,
+                bar_format=_BAR % NO_ETA,
+            )
+
+    def eta_seconds(self) -> float | None:
+        """Seconds left; None before the second step since this progress began."""
+        if self.done - self.first < 2 or not self.step_times:
+            return None
+        evals_left = len(self.eval_steps) - bisect.bisect_right(self.eval_steps, self.done)
+        # Until an evaluation has run, evaluations are priced at 0, not guessed: their cost next to a step's
+        # depends on the held-out set. The first one (after step run.eval_every) prices the rest.
+        eval_s = _median(self.eval_times) if self.eval_times else 0.0
+        return (self.total - self.done) * _median(self.step_times) + evals_left * eval_s
 
     def eta(self) -> str:
-        n = self.done - self.first
-        if n <= 0:
-            return "?"
-        return eta_text((time.monotonic() - self.start) / n * (self.total - self.done))
+        seconds = self.eta_seconds()
+        return NO_ETA if seconds is None else eta_text(seconds)
 
-    def update(self, n: int = 1, line: str | None = None, note: str | None = None) -> None:
-        """Count `n` more done; `line`: one of ours to print (above the bar); `note`: the bar's status."""
+    def update(
+        self,
+        n: int = 1,
+        line: str | None = None,
+        note: str | None = None,
+        *,
+        step_s: float | None = None,
+        eval_s: float | None = None,
+    ) -> None:
+        """Count `n` more done; `line`: one of ours to print (above the bar); `note`: the bar's status; `step_s`:
+        the step's own measured time; `eval_s`: the time of an evaluation that ran after it."""
+        now = self.clock()
+        if step_s is not None:
+            bisect.insort(self.step_times, step_s)
+        elif n > 0 and self.done > self.first:  # not the first update: its gap holds the start-up
+            for _ in range(n):
+                bisect.insort(self.step_times, (now - self.last) / n)
+        if eval_s is not None:
+            bisect.insort(self.eval_times, eval_s)
+        self.last = now
         self.done += n
         if self.bar is not None:
             if line is not None:
                 self.bar.write(line, file=self.stream)
             if note is not None:
                 self.bar.set_postfix_str(note, refresh=False)
+            self.bar.bar_format = _BAR % self.eta()
             self.bar.update(n)
             return
         if line is not None:
@@ -140,3 +203,8 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _median(sorted_values: list[float]) -> float:
+    mid = len(sorted_values) // 2
+    return sorted_values[mid] if len(sorted_values) % 2 else (sorted_values[mid - 1] + sorted_values[mid]) / 2

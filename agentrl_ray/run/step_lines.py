@@ -3,6 +3,10 @@
 The driver shows them, not learner rank 0: its console is the user's (infra/console.py), and a learner's prints
 would reach it only through Ray's forwarding of every worker's output. `StepLines` follows metrics.jsonl, which the
 MetricsLog actor on the driver's node writes as each step ends (run/outputs.py), from a thread of the driver.
+
+The ETA (infra/console.py's `Progress`) prices steps and evaluations apart: a step by its own `time/step_s`, an
+evaluation by what the gap between its record and the previous step's adds to that step's time (the records'
+`time`, when the MetricsLog wrote them; the evaluation runs after `time/step_s` was taken, learner/loop.py).
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ def eval_text(m: dict[str, Any]) -> str:
     return text
 
 
+def eval_steps(total_steps: int, eval_every: int) -> list[int]:
+    """The steps after which the learner evaluates (learner/loop.py): every `eval_every`-th, and the last."""
+    return [s for s in range(1, total_steps + 1) if (eval_every and s % eval_every == 0) or s == total_steps]
+
+
 def step_line(step: int, m: dict[str, Any], total_steps: int) -> str:
     if "reward/mean" not in m:  # the evaluation before the first step
         return f"step {step:>4}/{total_steps} | eval {eval_text(m)} (before training)"
@@ -49,11 +58,17 @@ class StepLines:
     run's) are not shown again; a record seen once (by step and time) is shown once, even when a resumed learner
     rewrites the file."""
 
-    def __init__(self, path: Path, total_steps: int) -> None:
+    def __init__(self, path: Path, total_steps: int, eval_every: int = 0) -> None:
         self.path, self.total = path, total_steps
         self.offset, self.inode, self.seen = 0, None, set()
         earlier = self._new_records()
-        self.progress = Progress(total_steps, "training", initial=max((r["step"] for r in earlier), default=0))
+        self.progress = Progress(
+            total_steps,
+            "training",
+            initial=max((r["step"] for r in earlier), default=0),
+            eval_steps=eval_steps(total_steps, eval_every),
+        )
+        self.previous: dict[str, Any] | None = None  # the last record shown (not an earlier run's: another clock)
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._follow, name="step-lines", daemon=True)
         self.thread.start()
@@ -87,9 +102,18 @@ class StepLines:
         for r in self._new_records():
             line = step_line(r["step"], r, self.total)
             if "reward/mean" in r:
-                self.progress.update(max(0, r["step"] - self.progress.done), line=line)
+                n = max(0, r["step"] - self.progress.done)
+                self.progress.update(n, line=line, step_s=r["time/step_s"], eval_s=self._eval_s(r))
             else:
                 self.progress.write(line)
+            self.previous = r
+
+    def _eval_s(self, r: dict[str, Any]) -> float | None:
+        """The time of the evaluation in step record `r`, when the record before it is its step's predecessor."""
+        p = self.previous
+        if "eval/success" not in r or p is None or p["step"] != r["step"] - 1 or r["time"] < p["time"]:
+            return None
+        return max(0.0, r["time"] - p["time"] - r["time/step_s"])
 
     def _follow(self) -> None:
         while not self.stopping.wait(POLL_S):
