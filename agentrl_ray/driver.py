@@ -200,7 +200,8 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
         placed.release()
         raise
     metrics_log = start_driver_log(cfg.run_dir, cfg.run, cfg.to_dict(), cfg.run.steps)
-    lines = StepLines(cfg.run_dir / "metrics.jsonl", cfg.run.steps)  # the console's step lines and progress bar
+    # the console's step lines and progress bar (its ETA prices the evaluations apart)
+    lines = StepLines(cfg.run_dir / "metrics.jsonl", cfg.run.steps, eval_every=cfg.run.eval_every)
     try:
         lc = cfg.learner
         trainer = torch_trainer()(
