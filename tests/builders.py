@@ -2,6 +2,8 @@
 
 `pytest` puts this folder on sys.path (it holds the root conftest.py), so test modules import it as `builders`."""
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -107,3 +109,13 @@ def cpu_policy(path: str, monkeypatch, *overrides: str):
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.02)
     return policy
+
+
+def as_a_user(cmd: list[str], cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`agentrl-ray ...` (the installed console script) or `python ...` as a user types it in `cwd`: no PYTHONPATH,
+    no RAY_ADDRESS (the run starts its own Ray). Fails the test on a non-zero exit, with the output's tail."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
+    exe = {"agentrl-ray": str(Path(sys.executable).parent / "agentrl-ray"), "python": sys.executable}[cmd[0]]
+    res = subprocess.run([exe, *cmd[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, (cmd, res.stdout[-3000:], res.stderr[-3000:])
+    return res

@@ -56,7 +56,8 @@ def group_records(
     out = []
     for g in groups:
         row = rows_by_id.get(g.prompt_id, {})
-        columns = {k: v for k, v in row.items() if k not in _SKIP_COLUMNS}
+        columns = {k: v for k, v in row.items() if k not in _SKIP_COLUMNS and k != "tools"}
+        row_tools = tools if row.get("tools") is None else row["tools"]  # a row's own tools (BFCL) were its prompt's
         for t in g.trajectories:
             out.append(
                 {
@@ -71,7 +72,7 @@ def group_records(
                     "num_tool_errors": t.num_tool_errors,
                     "prompt": to_openai(t.prompt_messages),
                     "completion": to_openai(t.completion_messages),
-                    "tools": tools,
+                    "tools": row_tools,
                     "columns": columns,
                 }
             )

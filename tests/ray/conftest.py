@@ -9,6 +9,8 @@ e.g. after a failure) ends the shared Ray, and the next module gets a fresh one:
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -67,3 +69,19 @@ def _all_cpus_free(wait_s: float = 10.0) -> bool:
         if free or time.monotonic() > deadline:
             return free
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def fresh_copy(tmp_path_factory):
+    """The repository's files (tracked, and untracked ones git does not ignore) in a new folder: what a user's clone
+    holds, without this checkout's data/, runs/ or caches."""
+    root = HERE.parents[1]
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    dest = tmp_path_factory.mktemp("clone")
+    for name in files:
+        if (root / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / name, dest / name)
+    return dest
