@@ -18,7 +18,7 @@ from agentrl_ray.infra.profiles import load_config
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-MAX_LINES = 160
+MAX_LINES = 175  # was 436 lines; a five-minute read (the real-model section added 17)
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)[^)]*\)")
 # Commands whose config file and overrides the test loads (the others take run folders or options only).
