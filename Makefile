@@ -73,8 +73,9 @@ gpu-install:
 gpu-kit: install
 	bash tests/gpu/kit/pack.sh
 
+# One benchmark through the harness (benchmarks/run.py --help lists them): make bench BENCH=roofline ARGS="--model qwen05b".
 bench: install
-	$(BIN)/python benchmarks/throughput.py
+	$(BIN)/python benchmarks/run.py $(or $(BENCH),throughput) $(ARGS)
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

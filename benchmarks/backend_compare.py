@@ -3,7 +3,7 @@ from each other and from the learner's (a teacher-forced `transformers` forward 
 
     export AGENTRL_CACHE=$PWD/.cache/agentrl_ray
     python benchmarks/backend_compare.py --model qwen05b --dtype bfloat16 \
-        --out benchmarks/results/backend_compare-qwen05b-bf16.json
+        --out benchmarks/results/backend_compare/qwen05b-bf16-<date>-<machine>.json
     python benchmarks/backend_compare.py --model tiny --dtype float32          # the built-in model
 
 Both engines run in this process, one after the other, with the same thread count. Throughput: `--prompts`

@@ -10,6 +10,7 @@ tests/unit/test_learner_options.py checks those configs and tests/ray/test_zero3
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 
@@ -21,6 +22,7 @@ OPTIONS = [
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed

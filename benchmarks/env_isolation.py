@@ -1,7 +1,9 @@
 """Per-trajectory cost of each `env.isolation` level: create (constructor + reset) and tool-call latency, p50/p99,
 with 1 and 512 environments open at once on one EnvHost, and the memory they take.
 
-    /work/wt/heavy python benchmarks/env_isolation.py            # writes docs/benchmarks/env_isolation.json
+    /work/wt/heavy python benchmarks/env_isolation.py [thread|process|sandbox ...]
+
+Writes benchmarks/results/env_isolation/<date>-<machine>.json (or --out).
 
 The environment is the built-in calculator (`CalculatorEnv`); all N creations are issued at once, then one
 `calculator` call per environment at once, then all are closed. Latencies are per environment, queueing included
@@ -13,20 +15,21 @@ latencies. Results go to docs/reliability.md by hand.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
+
+from results_path import default_out
 
 from agentrl_ray.chat_format import ToolCall
 from agentrl_ray.envs.host import EnvHost
 
 CALC = "agentrl_ray.envs.builtin.calculator:CalculatorEnv"
-OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "env_isolation.json"
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -101,16 +104,28 @@ async def measure(level: str, n: int) -> dict:
 
 
 def main() -> None:
-    levels = sys.argv[1:] or ["thread", "process"] + (["sandbox"] if os.geteuid() == 0 else [])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "levels",
+        nargs="*",
+        metavar="LEVEL",
+        help="env.isolation levels: thread, process, sandbox (default: thread process, and sandbox as root)",
+    )
+    p.add_argument("--out", type=Path, default=None, help="JSON result (default: benchmarks/results/env_isolation/)")
+    args = p.parse_args()
+    levels = args.levels or ["thread", "process"] + (["sandbox"] if os.geteuid() == 0 else [])
+    if set(levels) - {"thread", "process", "sandbox"}:
+        p.error(f"unknown levels: {sorted(set(levels) - {'thread', 'process', 'sandbox'})}")
+    out = args.out or default_out("env_isolation")
     rows = []
     for level in levels:
         for n in (1, 512):
             row = asyncio.run(measure(level, n))
             print(json.dumps(row), flush=True)
             rows.append(row)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"cpu_count": os.cpu_count(), "rows": rows}, indent=1) + "\n")
-    print(f"wrote {OUT}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"cpu_count": os.cpu_count(), "rows": rows}, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

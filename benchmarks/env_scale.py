@@ -14,7 +14,8 @@ over the actors by crc32, as RolloutWorker does), fires one tool call per instan
 arithmetic expression; code exec: a small Python program), waits for all, then closes every instance. Latency is
 measured on the driver, from submitting a call to holding its result: it includes Ray, queueing in the actor and the
 tool itself. A call fails when its observation is an error or not the expected output (expected: 0 failures).
-Results are printed as a table and written as JSON to docs/benchmarks/env_scale.json (see docs/sandbox.md).
+Results are printed as a table and written as JSON to benchmarks/results/env_scale/<date>-<machine>.json (or --out;
+see docs/sandbox.md).
 
 Timeouts: an EnvHost runs at most `max_threads` (32) sync tools at once and queues the rest, and its tool timeout
 counts that queueing. With 512 code-exec calls on 4 actors, 128 sandboxes run at a time and the last calls wait
@@ -38,9 +39,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrl_ray.chat_format import ToolCall  # noqa: E402
+from results_path import default_out  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+from agentrl_ray.chat_format import ToolCall  # noqa: E402
 
 
 @dataclass
@@ -196,7 +197,7 @@ def main() -> None:
     parser.add_argument("--sandbox-wall-s", type=float, default=20.0, help="code exec: sandbox wall-clock limit")
     parser.add_argument("--sequential", type=int, default=10, help="one-at-a-time runs for the start costs")
     parser.add_argument("--envs", default="calculator,code_exec", help="comma-separated subset")
-    parser.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "env_scale.json"), help="JSON report")
+    parser.add_argument("--out", default=None, help="JSON report (default: benchmarks/results/env_scale/)")
     args = parser.parse_args()
 
     import ray
@@ -236,7 +237,7 @@ def main() -> None:
         ray.shutdown()
     report["load_avg_at_end"] = os.getloadavg()[0]
     print_table(report["envs"])
-    out = Path(args.out)
+    out = Path(args.out) if args.out else default_out("env_scale")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")

@@ -2,7 +2,7 @@
 
     export AGENTRL_CACHE=$PWD/.cache/agentrl_ray
     python benchmarks/generation_phases.py --model qwen05b --prompts 8 --group 8 --decode 32 \
-        --out benchmarks/results/generation_phases_05b.json
+        --out benchmarks/results/generation_phases/05b-<date>-<machine>.json
     python benchmarks/generation_phases.py --dtype float32 --block-size 128 ...   # vLLM CPU's default block
     python benchmarks/generation_phases.py --sampler vllm ...   # vLLM CPU's own sampler, not the seeded one
 

@@ -3,8 +3,8 @@ default) vs vLLM's own LoRA (`native`, the GPU default), on vLLM CPU. Per versio
 holding it (flush), then greedy generation speed with the adapter in place. Results go to docs/scaling.md.
 
     python benchmarks/lora_sync.py                                  # the built-in model, r=16 on every projection
-    python benchmarks/lora_sync.py --model /path/to/model --rank 16 --versions 3 --out benchmarks/results/lora_sync.json
-    python benchmarks/lora_sync.py --model "$(python benchmarks/qwen05b_shape.py)" --dtype bfloat16 --modes merge
+    python benchmarks/lora_sync.py --model /path/to/model --rank 16 --versions 3 --out lora_sync.json
+    python benchmarks/lora_sync.py --model qwen05b --dtype bfloat16 --modes merge   # the 0.5B shape (qwen05b_shape.py)
 
 Reports the engine process's resident memory and its peak (VmHWM) after the updates, and the greedy speed of the
 freshly built engine before any update (after one warm-up generation) to compare the speeds after each update with,
@@ -103,19 +103,23 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="", help="model folder (default: the built-in model)")
+    parser.add_argument("--model", default="", help="model folder, or qwen05b (default: the built-in model)")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--versions", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the engine's model.dtype")
     parser.add_argument("--modes", nargs="+", default=["merge", "native"], choices=["merge", "native"])
-    parser.add_argument("--out", default="")
+    parser.add_argument("--out", default="", help="JSON result (default: print only)")
     args = parser.parse_args()
     import ray
 
     from agentrl_ray.builtin.model import ensure_builtin_model
 
+    if args.model == "qwen05b":
+        from qwen05b_shape import ensure_qwen05b_shape
+
+        args.model = str(ensure_qwen05b_shape())
     model_path = args.model or str(ensure_builtin_model())
     results = []
     for mode in args.modes:

@@ -1,7 +1,7 @@
 """This machine's bounds at the threads we use: GEMM GFLOP/s (float32, bfloat16) at the 0.5B shape's matmuls, and
 memory bandwidth. The per-phase rooflines of docs/benchmarks.md divide by these numbers.
 
-    python benchmarks/machine_peak.py --threads 1,2 --out benchmarks/results/machine_peak.json
+    python benchmarks/machine_peak.py --threads 1,2 --out benchmarks/results/machine_peak/<date>-<machine>.json
 
 Shapes (M x K x N, `torch.mm`, best of repeated calls over >= 0.5 s; see roofline.best_time):
 - square 2048: the large-GEMM ceiling;

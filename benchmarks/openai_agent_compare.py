@@ -1,7 +1,7 @@
 """The calculator trained two ways with the same seed and steps: the built-in environment and the same task as an
 OpenAI-client program behind the endpoint (examples/openai_agent). Reads both runs' metrics.jsonl, prints the
-held-out success and training reward curves, writes docs/benchmarks/openai_agent_compare.json and
-docs/openai_agent.png.
+held-out success and training reward curves, writes benchmarks/results/openai_agent_compare/<date>-<machine>.json
+(or --out) and docs/openai_agent.png.
 
     agentrl-ray train examples/calculator/config.yaml run.steps=30 run.name=cmp_builtin
     agentrl-ray train examples/openai_agent/config.yaml run.steps=30 run.name=cmp_agent
@@ -10,9 +10,11 @@ docs/openai_agent.png.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
+
+from results_path import default_out
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,14 +27,14 @@ def curves(run_dir: Path) -> dict:
     return {"eval_success": evals, "train_reward": train, "mean_step_s": sum(step_s) / max(1, len(step_s))}
 
 
-def main(builtin: Path, agent: Path) -> None:
+def main(builtin: Path, agent: Path, out: Path) -> None:
     result = {"builtin": curves(builtin), "agent": curves(agent)}
     steps = sorted(set(result["builtin"]["eval_success"]) | set(result["agent"]["eval_success"]))
     print("| step | " + " | ".join(str(s) for s in steps) + " |")
     for name in ("builtin", "agent"):
         row = [result[name]["eval_success"].get(s) for s in steps]
         print(f"| {name} | " + " | ".join("" if v is None else f"{v:.3f}" for v in row) + " |")
-    out = ROOT / "docs" / "benchmarks" / "openai_agent_compare.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     try:
         import matplotlib
@@ -54,4 +56,9 @@ def main(builtin: Path, agent: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("builtin", type=Path, help="the built-in environment's run folder")
+    p.add_argument("agent", type=Path, help="the OpenAI-client program's run folder")
+    p.add_argument("--out", type=Path, help="JSON result (default: benchmarks/results/openai_agent_compare/)")
+    a = p.parse_args()
+    main(a.builtin, a.agent, a.out or default_out("openai_agent_compare"))

@@ -10,7 +10,7 @@ test `tests/unit/test_openai_endpoint.py` checks that). Two shapes:
   `engine.generate` of one prompt; overhead = endpoint time - engine time, fitted as a + b * completion tokens
   (least squares over requests of varied length: max_tokens 1 to 48);
 - concurrent: N trajectories' calls at once (they become one engine batch) against one `generate` of N prompts.
-Results are printed and written to docs/benchmarks/openai_endpoint-<backend>.json.
+Results are printed and written to benchmarks/results/openai_endpoint/<backend>-<date>-<machine>.json (or --out).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import time
 import zlib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from results_path import default_out
+
 QUESTIONS = [f"What is {a} * {b}?" for a, b in [(347, 29), (12, 7), (901, 3), (45, 66), (5, 5), (88, 19)]]
 
 
@@ -139,9 +140,11 @@ if __name__ == "__main__":
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, help="JSON result (default: benchmarks/results/openai_endpoint/)")
     args = parser.parse_args()
     result = asyncio.run(main(args))
     print(json.dumps(result, indent=2))
-    out = ROOT / "docs" / "benchmarks" / f"openai_endpoint-{args.backend}.json"
+    out = args.out or default_out("openai_endpoint", label=args.backend)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print("written to", out.relative_to(ROOT))
+    print("written to", out)

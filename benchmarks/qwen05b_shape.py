@@ -3,6 +3,9 @@
     export AGENTRL_CACHE=$PWD/.cache/agentrl_ray
     python benchmarks/qwen05b_shape.py          # builds it once (~1 GB, under a minute), prints its folder
 
+A helper, not a benchmark: the benchmarks that take `--model qwen05b` (trl_side_by_side, roofline, lora_sync,
+generation_phases, backend_compare) build it; learner_throughput.py's `--shape 0.5b` takes its config.
+
 The realistic benchmark shape: 24 layers, hidden 896, 14 query / 2 KV heads, intermediate 4864, vocabulary 151,936,
 tied embeddings: 494M parameters, of which the 136M of the embedding are also the LM head's matmul. The config is
 Qwen2.5-0.5B's published one; the weights are random (`initializer_range` 0.02), so the model's behaviour means
@@ -17,6 +20,7 @@ The folder is `$AGENTRL_CACHE/models/qwen2.5-0.5b-shape-<hash of the config>`, b
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import hashlib
 import json
@@ -94,4 +98,5 @@ def _build(out: Path, tokenizer_dir: Path, seed: int) -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     print(ensure_qwen05b_shape())

@@ -25,6 +25,7 @@
 # Running Ray as another user also keeps the YAML's `ray stop` away from anyone else's Ray on this machine (a
 # user cannot signal another user's processes).
 set -euo pipefail
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,26p' "$0" | cut -c3-; exit 0; fi
 repo=$(cd "$(dirname "$0")/.." && pwd)
 user=${RAYUP_USER:-agentrl_rayup}
 home=/home/$user

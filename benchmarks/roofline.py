@@ -24,7 +24,7 @@
    fraction of the bound that --times x would need.
 
     # the side-by-side's shape (docs/benchmarks.md, "Current results"): its measured phases on the command line
-    python benchmarks/roofline.py --model "$(python benchmarks/qwen05b_shape.py)" --lora-r 16 --group 8 \
+    python benchmarks/roofline.py --model qwen05b --lora-r 16 --group 8 \
         --samples 64 --tokens 16384 --prompt-len 58.75 --generate-s 69.4 --learner-s 140.0 --step-s 209.4 \
         --gen-dtype bf16 --learner-dtype bf16 --gen-threads 2 --learner-threads 2 --vs-step-s 595.0
 
@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 import torch
+from results_path import default_out
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -277,7 +278,7 @@ def phase_settings(run_dir: Path | None, args) -> dict[str, tuple[int, str]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="HF model folder (default: the built-in model)")
+    p.add_argument("--model", help="HF model folder, or qwen05b (qwen05b_shape.py; default: the built-in model)")
     p.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "calculator")
     p.add_argument("--prompt-len", type=float, default=58.8, help="mean prompt tokens (built-in task: 58.8)")
     for name in ("samples", "tokens", "completion-tokens", "generate-s", "learner-s", "step-s"):
@@ -290,12 +291,16 @@ def main() -> None:
     p.add_argument("--lora-r", type=int, help="LoRA rank on the seven projections (default: the run's, else none)")
     p.add_argument("--vs-step-s", type=float, help="another trainer's step at the same work: how far --times x is")
     p.add_argument("--times", type=float, default=4.0, help="the speed-up over --vs-step-s to price (default 4)")
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "roofline.json")
+    p.add_argument("--out", type=Path, help="JSON result (default: benchmarks/results/roofline/<date>-<machine>.json)")
     args = p.parse_args()
     if args.model is None:
         from agentrl_ray.builtin.model import ensure_builtin_model
 
         args.model = str(ensure_builtin_model())
+    elif args.model == "qwen05b":
+        from qwen05b_shape import ensure_qwen05b_shape
+
+        args.model = str(ensure_qwen05b_shape())
     m = model_shape(args.model)
     if args.tokens is not None:
         step = {
@@ -371,6 +376,8 @@ def main() -> None:
             f"bound over the whole step"
         )
     report = {"machine": machine, "model": m, "step": step, "group": group, "lora_r": rank, "bounds": result, "vs": vs}
+    args.out = args.out or default_out("roofline")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
 

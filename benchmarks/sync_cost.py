@@ -1,7 +1,7 @@
 """Weight-sync cost between two Ray nodes (separate raylets and object stores) on this machine, for the cost model
 in docs/scaling.md: seconds per push against payload size, through the object store and a gloo broadcast.
 
-    python benchmarks/sync_cost.py                      # 8, 64, 256, 512 MB; writes docs/benchmarks/sync_cost.json
+    python benchmarks/sync_cost.py                      # 8, 64, 256, 512 MB; benchmarks/results/sync_cost/
     python benchmarks/sync_cost.py --sizes-mb 8 64
 
 The sender is an actor on node A, the receiver an actor on node B (the learner rank 0 and an engine, without the
@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
 
 import ray
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+from results_path import default_out, machine
 
 
 @ray.remote(num_cpus=0)
@@ -93,7 +93,7 @@ def measure(sizes: list[int]) -> dict:
             row["gloo_gb_s"] = mb / 1024 / row["gloo_s"]
             print(json.dumps({k: round(v, 4) for k, v in row.items()}), flush=True)
             rows.append(row)
-        return {"machine": "2-core Xeon, 2 raylets on one host (loopback)", "rows": rows}
+        return {"machine": f"{machine()}, {os.cpu_count()} cores, 2 raylets on one host (loopback)", "rows": rows}
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -102,9 +102,11 @@ def measure(sizes: list[int]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes-mb", type=int, nargs="*", default=[8, 64, 256, 512])
+    ap.add_argument("--out", type=Path, help="JSON result (default: benchmarks/results/sync_cost/)")
     args = ap.parse_args()
     out = measure(args.sizes_mb)
-    path = ROOT / "docs" / "benchmarks" / "sync_cost.json"
+    path = args.out or default_out("sync_cost")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2))
     print(f"wrote {path}")
 

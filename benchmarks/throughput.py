@@ -6,7 +6,7 @@
     python benchmarks/throughput.py --name overlap -- sync.max_staleness=1
 
 The first step is reported separately (engine warm-up); the rest are averaged. Results are printed and written to
-docs/benchmarks/throughput-<run name>.json.
+benchmarks/results/throughput/<run name>-<date>-<machine>.json (or --out).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from results_path import default_out
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ["generate_s", "env_s", "reward_s", "learner_s", "sync_s"]
@@ -79,7 +81,8 @@ def main() -> None:
     p.add_argument("--run-dir", type=Path)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--config", default=str(ROOT / "examples/calculator/config.yaml"))
-    p.add_argument("--name", default="throughput", help="run name; results go to docs/benchmarks/throughput-NAME.json")
+    p.add_argument("--name", default="throughput", help="run name (of a run this script starts)")
+    p.add_argument("--out", type=Path, help="JSON result (default: benchmarks/results/throughput/<run name>-...)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     run_dir = args.run_dir
@@ -118,9 +121,10 @@ def main() -> None:
         print(f"  {actor}")
         for k, v in phases.items():
             print(f"    {k:<18} {v:7.3f} s  {100 * result['profile_fraction'][actor][k]:5.1f}%")
-    dest = ROOT / "docs" / "benchmarks" / f"throughput-{run_dir.name}.json"
+    dest = args.out or default_out("throughput", label=run_dir.name)
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(result, indent=2))
+    print(f"wrote {dest}")
 
 
 if __name__ == "__main__":

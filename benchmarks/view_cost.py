@@ -1,6 +1,7 @@
 """What `agentrl-ray view` costs a training run: step time with no viewer, with the page open in a headless
 Chromium (what a user does: it polls every 2 s and redraws), and with an API client polling 40x as often as the page
-(20 Hz, a bound on the server's reads), one after the other on this machine. Writes docs/benchmarks/view_cost.json.
+(20 Hz, a bound on the server's reads), one after the other on this machine. Writes
+benchmarks/results/view_cost/<date>-<machine>.json (or --json).
 
     python benchmarks/view_cost.py                         # default config, 20 steps per run
     python benchmarks/view_cost.py --steps 30 --rounds 2   # modes interleaved, each round in the same order
@@ -24,6 +25,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from results_path import default_out
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("none", "browser", "poll-20Hz")
@@ -174,7 +177,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", default="/tmp/view_cost_runs", help="where the runs go (emptied first)")
-    p.add_argument("--json", default=str(ROOT / "docs" / "benchmarks" / "view_cost.json"))
+    p.add_argument("--json", default=None, help="JSON result (default: benchmarks/results/view_cost/)")
     p.add_argument("overrides", nargs="*", help="more key=value overrides for every run")
     p.add_argument("--server-only", metavar="RUN_DIR", help="only the viewer's CPU per poll on a copy of RUN_DIR")
     args = p.parse_args()
@@ -212,8 +215,9 @@ def main() -> None:
             for m, t in times.items()
         },
     }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    dest = Path(args.json) if args.json else default_out("view_cost")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(result, indent=2) + "\n")
     base = result["modes"]["none"]["median_s"]
     print("| viewer | steps | median step (s) | mean step (s) | vs none | median wall between steps (s) |")
     print("|---|---:|---:|---:|---:|---:|")
