@@ -70,8 +70,9 @@ def plot(records: list[dict], steps: list[dict], title: str, path: Path) -> None
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
     xs = [r["step"] for r in records]
     ax[0].plot(xs, [r["eval/pass@1"] for r in records], marker="o", label="held-out pass@1")
-    ax[0].fill_between(xs, [r["eval/pass@1_ci95_lo"] for r in records], [r["eval/pass@1_ci95_hi"] for r in records],
-                       alpha=0.2)
+    ax[0].fill_between(
+        xs, [r["eval/pass@1_ci95_lo"] for r in records], [r["eval/pass@1_ci95_hi"] for r in records], alpha=0.2
+    )
     ax[0].set_xlabel("step")
     ax[0].set_title(title)
     ax[0].legend()
@@ -103,8 +104,14 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     config = f"examples/{args.task}/config.yaml"
     data = out / "data"
-    result: dict = {"task": args.task, "model": MODEL, "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
-                    "args": vars(args), "phases": {}}
+    result: dict = {
+        "task": args.task,
+        "model": MODEL,
+        "cpu": cpu_name(),
+        "date": time.strftime("%Y-%m-%d"),
+        "args": vars(args),
+        "phases": {},
+    }
     cli = str(BIN / "agentrl-ray")
 
     result["phases"]["data"] = phase(
@@ -115,7 +122,8 @@ def main() -> int:
         common.append(f"data.eval_size={args.eval_size}")
     if not args.skip_untrained:
         result["phases"]["untrained"] = phase(
-            "untrained", [cli, "eval", "--config", config, *common, "run.name=untrained", "--out", str(out / "untrained")],
+            "untrained",
+            [cli, "eval", "--config", config, *common, "run.name=untrained", "--out", str(out / "untrained")],
             out,
         )
         result["untrained"] = json.loads((out / "untrained" / "report.json").read_text())
@@ -129,14 +137,40 @@ def main() -> int:
         rows.save_to_disk(str(sft_source))
     result["phases"]["sft"] = phase(
         "sft",
-        [cli, "sft", str(sft_source), "--model", MODEL, "--out", str(out / "warm"), "--epochs", str(args.sft_epochs),
-         "--lr", str(args.sft_lr), "--batch-size", "8", "--max-length", "1024"],
+        [
+            cli,
+            "sft",
+            str(sft_source),
+            "--model",
+            MODEL,
+            "--out",
+            str(out / "warm"),
+            "--epochs",
+            str(args.sft_epochs),
+            "--lr",
+            str(args.sft_lr),
+            "--batch-size",
+            "8",
+            "--max-length",
+            "1024",
+        ],
         out,
     )
     result["sft"] = json.loads((out / "warm" / "sft_summary.json").read_text())
-    rl = [cli, "train", config, *common, f"model.path={out / 'warm'}", "run.name=rl", f"run.steps={args.steps}",
-          f"run.eval_every={args.eval_every}", "run.eval_at_start=true", "run.checkpoint_every=0",
-          *(["profile=lora"] if args.lora else []), *args.overrides]
+    rl = [
+        cli,
+        "train",
+        config,
+        *common,
+        f"model.path={out / 'warm'}",
+        "run.name=rl",
+        f"run.steps={args.steps}",
+        f"run.eval_every={args.eval_every}",
+        "run.eval_at_start=true",
+        "run.checkpoint_every=0",
+        *(["profile=lora"] if args.lora else []),
+        *args.overrides,
+    ]
     result["phases"]["rl"] = phase("rl", rl, out, progress=out / "rl" / "metrics.jsonl")
     metrics = out / "rl" / "metrics.jsonl"
     records = eval_rows(metrics)
@@ -156,7 +190,12 @@ def main() -> int:
     dest = ROOT / "benchmarks" / "results" / "real_model" / f"{stamp}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(result, indent=2))
-    plot(records, steps, f"{args.task}: SmolLM2-135M-Instruct, GRPO + ECHO", ROOT / "docs" / "real_model" / f"{args.task}.png")
+    plot(
+        records,
+        steps,
+        f"{args.task}: SmolLM2-135M-Instruct, GRPO + ECHO",
+        ROOT / "docs" / "real_model" / f"{args.task}.png",
+    )
     print(json.dumps({k: result[k] for k in result if k not in ("evals", "phases", "untrained")}, indent=2))
     print(f"result: {dest}")
     return 0
