@@ -130,13 +130,15 @@ class EnvConfig:
     isolation: Literal["auto", "thread", "process", "sandbox"] = "auto"
     """Where each trajectory's environment runs: host threads, its own child process (killed on timeout or crash),
     that child sandboxed (own uid, no network, private /tmp; root only), or auto: thread for agentrl_ray.envs.*,
-    process for any other environment. Costs and why: docs/reliability.md."""
+    process for any other environment. Costs and why: docs/reliability.md. An env.agent program runs sandboxed at
+    sandbox (with its endpoint as its only way out), else at auto: its own process group, rlimits, TMPDIR
+    (docs/openai_agent.md)."""
     resources: dict[str, float] = field(default_factory=dict)
     """Custom Ray resources every env host asks for (pins env hosts to labelled nodes)."""
     agent: str = ""
     """Import path package.module:function of an agent program, `async def run(client, row)` with an
     openai.AsyncOpenAI client pointed at the rollout engines (docs/openai_agent.md); set, it replaces env.name's
-    environment: each trajectory is one run of it, in a process of its own."""
+    environment: each trajectory is one run of it, in a process of its own, confined at env.isolation."""
     agent_timeout_s: float = 120.0
     """Seconds one run of env.agent may take before it is killed and its trajectory counts as an error."""
     agent_processes: int = 64

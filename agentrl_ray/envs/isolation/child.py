@@ -35,6 +35,17 @@ class ChildSpec:
     max_output_chars: int
     confinement: Any = None  # confine.Confinement under `sandbox`, else None
 
+    # What the zygote calls (any spec it forks a child for has both; see zygote.py).
+    def load(self) -> type:
+        """The environment's class, loaded (cached) in the zygote before the fork and in the child before its
+        confinement, which may lose read access to the venv."""
+        from agentrl_ray.envs.loading import env_class
+
+        return env_class(self.env_path, tuple(self.tools))
+
+    def serve(self, sock: socket.socket, cls: type) -> None:
+        serve(sock, self, cls)
+
 
 def describe(e: BaseException, limit: int = 2000) -> str:
     """ "Type: message" of any exception, even one whose message cannot be printed, cut to `limit` characters."""
@@ -57,8 +68,13 @@ def as_text(value: Any, limit: int) -> str:
 # ---------------------------------------------------------------- framing (both sides)
 
 
+def frame(body: bytes) -> bytes:
+    """`body` length-prefixed, as every message on a child's socket is."""
+    return _HEADER.pack(len(body)) + body
+
+
 def send_frame(sock: socket.socket, body: bytes) -> None:
-    sock.sendall(_HEADER.pack(len(body)) + body)
+    sock.sendall(frame(body))
 
 
 def recv_frame(sock: socket.socket) -> bytes | None:
@@ -77,25 +93,26 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-async def read_reply(reader: asyncio.StreamReader) -> list:
+async def read_reply(reader: asyncio.StreamReader, who: str = "the environment's process") -> list:
     """The child's next answer (host side). Raises EOFError when the child is gone, ValueError when its answer is
     over the size bound or not an answer."""
     try:
         (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
         if size > MAX_REPLY_BYTES:
-            raise ValueError(f"the environment's process sent {size} bytes, over the {MAX_REPLY_BYTES} byte bound")
+            raise ValueError(f"{who} sent {size} bytes, over the {MAX_REPLY_BYTES} byte bound")
         reply = json.loads(await reader.readexactly(size))
     except asyncio.IncompleteReadError:
         raise EOFError from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{who} sent something that is not JSON") from None
     if not (isinstance(reply, list) and len(reply) == 3 and reply[0] in ("ok", "error")):
-        raise ValueError("the environment's process sent something that is not an answer")
+        raise ValueError(f"{who} sent something that is not an answer")
     return reply
 
 
 def call_frame(method: str, args: tuple, kwargs: dict[str, Any], text: bool) -> bytes:
     """A host->child call: `env.method(*args, **kwargs)`, its value as tool text when `text`."""
-    body = pickle.dumps((method, args, kwargs, text))
-    return _HEADER.pack(len(body)) + body
+    return frame(pickle.dumps((method, args, kwargs, text)))
 
 
 # ---------------------------------------------------------------- the child

@@ -1,4 +1,5 @@
-"""The host side of `env.isolation = process | sandbox`: environments in child processes forked by a zygote.
+"""The host side of `env.isolation = process | sandbox`: environments in child processes forked by a zygote (and,
+through `Children.spawn`, the agent programs of `rollout/endpoint/agents.py`, confined the same way).
 
 `Children.open(...)` forks a child for one trajectory (see `zygote.py`, `child.py`) and returns a proxy: an object
 of a class made from the environment's class, with the same public methods (same signatures and docstrings, so the
@@ -11,6 +12,7 @@ segfault, the OOM killer) fails its trajectory's next call with how it died.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import functools
 import inspect
@@ -25,7 +27,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, Literal
 
 from agentrl_ray.envs.base import RESERVED_METHODS
 from agentrl_ray.envs.isolation import cgroups
@@ -48,27 +50,31 @@ class EnvSetupError(Exception):
     """The config cannot work at this isolation level (every trajectory would fail): raised, not observed."""
 
 
-class Children:
-    """A zygote and the children it forked for one env host."""
+Confine = Literal["process", "limits", "sandbox"]
 
-    def __init__(self, sandbox: SandboxLimits | None) -> None:
-        self.sandbox = sandbox
+
+class Children:
+    """A zygote and the children it forked for one env host (or one rollout worker's agent programs), each child
+    confined at `level`: "process" not at all; "limits" in the cgroup of a leased slot (as root; its final kill is
+    then exact) under `limits`' rlimits, with the host's uid, files and network; "sandbox" every layer of
+    `confine.py`."""
+
+    def __init__(self, level: Confine, limits: SandboxLimits | None = None) -> None:
+        self.level, self.limits = level, limits or SandboxLimits()
         self._zygote: _Zygote | None = None
         self.counts = {"children_started": 0, "children_killed": 0, "children_died": 0}
         self.live = 0
 
-    async def open(
-        self, cls: type, env_path: str, tools: tuple[str, ...], env_kwargs: dict, limit: int, timeout: float
-    ) -> ChildEnv:
-        """A proxy of `cls` whose instance lives in a new child; raises EnvError when it could not be built."""
+    async def spawn(self, spec: Any, preload: list[str]) -> _Child:
+        """A new child for `spec` (a dataclass with `confinement`, `load()` and `serve(sock, loaded)`: zygote.py),
+        confined at this level, its socket connected; the zygote, started on first use, imports `preload`."""
         if self._zygote is None or self._zygote.dead:
-            module = "" if env_path.startswith(BY_VALUE) else env_path.partition(":")[0]
-            self._zygote = await _Zygote.start([m for m in (module, *(t.partition(":")[0] for t in tools)) if m])
+            self._zygote = await _Zygote.start(preload)
         lease = ExitStack()
-        confinement = self._confine(lease) if self.sandbox is not None else None
         ours, theirs = socket.socketpair()
         try:
-            spec = ChildSpec(env_path, tuple(tools), env_kwargs, limit, confinement)
+            if self.level != "process":
+                spec = dataclasses.replace(spec, confinement=self._confine(lease))
             pid, pidfd = await self._zygote.spawn(spec, theirs)
         except BaseException:
             ours.close()
@@ -77,9 +83,17 @@ class Children:
         finally:
             theirs.close()
         reader, writer = await asyncio.open_unix_connection(sock=ours)
-        child = _Child(self, pid, pidfd, reader, writer, lease)
         self.counts["children_started"] += 1
         self.live += 1
+        return _Child(self, pid, pidfd, reader, writer, lease)
+
+    async def open(
+        self, cls: type, env_path: str, tools: tuple[str, ...], env_kwargs: dict, limit: int, timeout: float
+    ) -> ChildEnv:
+        """A proxy of `cls` whose instance lives in a new child; raises EnvError when it could not be built."""
+        module = "" if env_path.startswith(BY_VALUE) else env_path.partition(":")[0]
+        preload = [m for m in (module, *(t.partition(":")[0] for t in tools)) if m]
+        child = await self.spawn(ChildSpec(env_path, tuple(tools), env_kwargs, limit), preload)
         try:
             status, detail, _ = await asyncio.wait_for(child.hello(), timeout)
         except BaseException as e:
@@ -93,18 +107,24 @@ class Children:
         return proxy_class(cls)(child)
 
     def _confine(self, lease: ExitStack):
-        from agentrl_ray.envs.isolation.confine import Confinement
+        from agentrl_ray.envs.isolation.confine import Confinement, hidepid_available
+        from agentrl_ray.envs.isolation.sandbox_layers import warn_once
 
-        uid = lease.enter_context(sandbox_uid())
-        limits = self.sandbox
-        cgroup = cgroups.slot_cgroup(uid - SANDBOX_UID_BASE)
+        limits = self.limits
+        uid = lease.enter_context(sandbox_uid())  # None when not root (then no cgroup either, and no sandbox)
+        cgroup = cgroups.slot_cgroup(uid - SANDBOX_UID_BASE) if uid is not None else None
         procs: tuple[str, ...] = ()
         if cgroup is not None:
             cgroup.prepare(limits.total_memory_mb << 20, limits.max_processes + 1)
             procs = tuple(str(p) for p in cgroup.procs_files())
             lease.callback(cgroup.kill_all)
+        if self.level == "limits":
+            return Confinement(None, procs, limits)  # the slot lends its cgroup only: the child keeps our uid
         lease.callback(kill_uid, uid)  # runs first: whatever of its uid is left, wherever it went
-        return Confinement(uid, procs, limits)
+        hide = hidepid_available()
+        if hide is not None:
+            warn_once(f"a sandboxed child can list the host's processes in /proc: {hide}")
+        return Confinement(uid, procs, limits, hide_processes=hide is None)
 
 
 class _Child:
@@ -160,7 +180,7 @@ class _Child:
             except (ProcessLookupError, PermissionError):
                 pass
         pidfd, self.pidfd = self.pidfd, None
-        if self.owner.sandbox is not None:  # the uid sweep (a /proc scan) and cgroup kill, then the uid is free
+        if self.owner.level != "process":  # the uid sweep (a /proc scan) and cgroup kill, then the slot is free
             await asyncio.to_thread(self.lease.close)
         os.close(pidfd)
         self.writer.close()
@@ -281,6 +301,9 @@ class _Zygote:
             future = self.pending.pop(a)
             if not future.done():
                 future.set_result((b, fds[0]))
+            else:  # its spawn was cancelled while the zygote forked it: nobody will talk to it
+                signal.pidfd_send_signal(fds[0], signal.SIGKILL)
+                os.close(fds[0])
         elif kind == "exited":
             self.exits[a] = b
             waiter = self.exit_waiters.get(a)

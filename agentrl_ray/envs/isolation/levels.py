@@ -54,7 +54,7 @@ class Isolation:
         self.level = level
         self.max_output_chars = max_output_chars
         self.threads = _Threads(max_threads)
-        self.children = Children(sandbox or SandboxLimits()) if level == "sandbox" else Children(None)
+        self.children = Children("sandbox", sandbox) if level == "sandbox" else Children("process")
 
     async def construct(self, cls: type, env_path: str, tools: tuple[str, ...], kwargs: dict, timeout: float) -> Any:
         """One trajectory's environment: the object itself (`thread`) or a proxy of it in a child."""

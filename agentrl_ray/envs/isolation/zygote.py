@@ -1,5 +1,7 @@
 """The zygote of `env.isolation = process | sandbox`: a small single-threaded process that forks one child per
-trajectory.
+trajectory. It serves user environments (`child.ChildSpec`) and agent programs (`rollout/endpoint/agents.py`'s
+`AgentSpec`) alike: a spec says what to load before the fork (`load()`), how to confine the child
+(`confinement`, `confine.py`) and what the child then does with its socket (`serve(sock, loaded)`).
 
 Why a zygote: forking the env host itself (a Ray actor with gRPC and thread pools) is unsafe, and starting a fresh
 interpreter per trajectory costs ~100 ms and its own memory. The zygote starts once per env host, imports the
@@ -7,7 +9,9 @@ environment's module, and forks: a child costs a fork, shares the zygote's memor
 without touching anything else.
 
 Protocol on the control socket (SOCK_SEQPACKET, one message per datagram, file descriptors attached):
-- host -> zygote: pickle((request_id, ChildSpec)) with the child's end of its socket pair attached;
+- host -> zygote: pickle((request_id, spec)) with the child's end of its socket pair attached; a spec holds no
+  per-trajectory data (a row, a key): what one child is sent after its fork, on its own socket, never passes
+  through the zygote, whose memory every later child inherits;
 - zygote -> host: JSON ["started", request_id, pid] with a pidfd of the child attached (the host kills by pidfd:
   no pid-reuse race), and ["exited", pid, wait_status] when the zygote reaps a child, so the host can say how an
   environment died (a signal, an exit code).
@@ -77,22 +81,19 @@ def main(argv: list[str]) -> None:
 
 
 def _warm(spec) -> None:
-    """Load the environment's class here (once: `env_class` is cached), so that a child starts with it loaded, and
-    move everything loaded so far out of the garbage collector's reach (`gc.freeze`): a child's collections then
-    do not touch, and so copy, the zygote's memory. Measured: ~10 ms of CPU per child without, see
-    docs/reliability.md."""
-    from agentrl_ray.envs.loading import env_class
-
+    """Load what the spec needs here (once: `load` is cached), so that a child starts with it loaded, and move
+    everything loaded so far out of the garbage collector's reach (`gc.freeze`): a child's collections then do not
+    touch, and so copy, the zygote's memory. Measured: ~10 ms of CPU per child without, see docs/reliability.md."""
     try:
-        env_class(spec.env_path, tuple(spec.tools))  # a cache hit after the first time
+        loaded = spec.load()  # a cache hit after the first time
     except Exception:  # noqa: BLE001 - the child fails the same way and reports it
         return
-    if env_class.cache_info().currsize != _warm.classes:
-        _warm.classes = env_class.cache_info().currsize
+    if id(loaded) not in _warm.seen:
+        _warm.seen.add(id(loaded))  # cached objects: their ids stay theirs
         gc.freeze()
 
 
-_warm.classes = -1
+_warm.seen = set()
 
 
 def _fork_child(fd: int, spec, control: socket.socket, sibling_pidfds: list[int]) -> int:
@@ -107,17 +108,14 @@ def _fork_child(fd: int, spec, control: socket.socket, sibling_pidfds: list[int]
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.setsid()  # its own process group: the host kills what it forked with it
         sock = socket.socket(fileno=fd)
-        from agentrl_ray.envs.isolation.child import serve
-        from agentrl_ray.envs.loading import env_class
-
-        # The class (imports, unpickling env.tools given by value) is loaded before the confinement, which may lose
-        # read access to the venv; the host loaded the same class already, so this does not fail for a valid config.
-        cls = env_class(spec.env_path, tuple(spec.tools))
+        # Loaded (imports, unpickling what was given by value) before the confinement, which may lose read access
+        # to the venv; a cache hit after `_warm`.
+        loaded = spec.load()
         if spec.confinement is not None:
             from agentrl_ray.envs.isolation.confine import confine
 
             confine(spec.confinement, keep_fd=fd)
-        serve(sock, spec, cls)
+        spec.serve(sock, loaded)
     except BaseException:  # noqa: BLE001 - the host sees the exit code and reports the environment as failed
         code = 70
     os._exit(code)  # never return into the zygote's loop (nor run its atexit handlers)
