@@ -97,6 +97,11 @@ def main() -> int:
     p.add_argument("--lora", action="store_true", help="RL with profile=lora (adapters) instead of a full fine-tune")
     p.add_argument("--skip-untrained", action="store_true")
     p.add_argument("--data-args", default="", help="extra arguments of make_data.py (e.g. '--dataset chain_sum')")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip the phases OUT/phases.json records as done (the untrained eval, the SFT): a run cut short goes on",
+    )
     p.add_argument("overrides", nargs="*", help="key=value overrides for the RL run")
     args = p.parse_args()
 
@@ -120,42 +125,48 @@ def main() -> int:
     common = [f"data.train={data / 'train.jsonl'}", f"data.eval={data / 'eval.jsonl'}", f"run.output_dir={out}"]
     if args.eval_size:
         common.append(f"data.eval_size={args.eval_size}")
-    if not args.skip_untrained:
+    done = json.loads((out / "phases.json").read_text()) if args.resume and (out / "phases.json").is_file() else {}
+    result["phases"].update(done)
+    if not args.skip_untrained and "untrained" not in done:
         result["phases"]["untrained"] = phase(
             "untrained",
             [cli, "eval", "--config", config, *common, "run.name=untrained", "--out", str(out / "untrained")],
             out,
         )
+        (out / "phases.json").write_text(json.dumps(result["phases"], indent=2))
+    if (out / "untrained" / "report.json").is_file():
         result["untrained"] = json.loads((out / "untrained" / "report.json").read_text())
     sft_source = data / "sft"
-    if args.sft_rows:
+    if args.sft_rows and "sft" not in done:
         from datasets import load_from_disk
 
         sft_source = out / f"sft_{args.sft_rows}"
         # A shuffled subset: the SFT folder holds the categories one after another.
         rows = load_from_disk(str(data / "sft")).shuffle(seed=0).select(range(args.sft_rows))
         rows.save_to_disk(str(sft_source))
-    result["phases"]["sft"] = phase(
-        "sft",
-        [
-            cli,
+    if "sft" not in done:
+        result["phases"]["sft"] = phase(
             "sft",
-            str(sft_source),
-            "--model",
-            MODEL,
-            "--out",
-            str(out / "warm"),
-            "--epochs",
-            str(args.sft_epochs),
-            "--lr",
-            str(args.sft_lr),
-            "--batch-size",
-            "8",
-            "--max-length",
-            "1024",
-        ],
-        out,
-    )
+            [
+                cli,
+                "sft",
+                str(sft_source),
+                "--model",
+                MODEL,
+                "--out",
+                str(out / "warm"),
+                "--epochs",
+                str(args.sft_epochs),
+                "--lr",
+                str(args.sft_lr),
+                "--batch-size",
+                "8",
+                "--max-length",
+                "1024",
+            ],
+            out,
+        )
+        (out / "phases.json").write_text(json.dumps(result["phases"], indent=2))
     result["sft"] = json.loads((out / "warm" / "sft_summary.json").read_text())
     rl = [
         cli,
