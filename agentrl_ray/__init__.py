@@ -13,9 +13,10 @@ import sys
 __version__ = "0.1.0"
 _API = ("train", "TrainResult")
 
-# Modules that moved when the package was grouped into folders by role (docs/house.md). The built-in environments'
-# old paths keep working, because configs and the config.json of earlier runs name them
-# ("agentrl_ray.envs.calculator:CalculatorEnv"); importing any other old path fails with its new place.
+# Modules that moved when the package was grouped into folders by role (docs/house.md), and the learner's speed
+# levers when they got a folder of their own (learner/levers/). The built-in environments' old paths keep working,
+# because configs and the config.json of earlier runs name them ("agentrl_ray.envs.calculator:CalculatorEnv");
+# importing any other old path fails with its new place.
 ALIASED = {f"envs.{name}": f"envs.builtin.{name}" for name in ("calculator", "code_exec", "grid")}
 MOVED = {
     **{m: f"infra.{m}" for m in ("hardware", "threads", "allocator", "sizing", "profiles", "cluster_hardware")},
@@ -30,10 +31,12 @@ MOVED = {
     "builtin_model": "builtin.model",
     "builtin_grid": "builtin.grid",
     "eval_stats": "rewards.eval_stats",
-    "chunked_logprobs": "learner.chunked_logprobs",
+    "chunked_logprobs": "learner.levers.chunked_logprobs",
     "health": "learner.health",
     "engine_modes": "rollout.engine_modes",
     "deadlines": "rollout.deadlines",
+    **{f"learner.{m}": f"learner.levers.{m}" for m in ("chunked_logprobs", "compilation", "cpu_attention")},
+    **{f"learner.{m}": f"learner.levers.{m}" for m in ("linear_fusion", "qlora", "shared_prefix", "zero")},
 }
 
 

@@ -159,7 +159,7 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
     train_rows = _rows(cfg, "train", cfg.data.train, cfg.data.train_size)
     eval_rows = _rows(cfg, "eval", cfg.data.eval, cfg.data.eval_size)
     if cfg.learner.lora.quantize != "none":  # validate() allows it only with LoRA
-        from agentrl_ray.learner.qlora import require_bitsandbytes
+        from agentrl_ray.learner.levers.qlora import require_bitsandbytes
 
         require_bitsandbytes()  # QLoRA's library, named with its install step, before Ray starts
     cfg.run_dir.mkdir(parents=True, exist_ok=True)

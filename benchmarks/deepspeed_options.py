@@ -31,7 +31,7 @@ def main() -> None:
 
     from agentrl_ray.builtin.model import ensure_builtin_model
     from agentrl_ray.infra.profiles import load_config
-    from agentrl_ray.learner import zero
+    from agentrl_ray.learner.levers import zero
     from agentrl_ray.learner.policy import enable_gradient_checkpointing
 
     deepspeed.init_distributed("gloo")

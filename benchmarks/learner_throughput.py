@@ -27,13 +27,13 @@ A variant is a setting and its levers, `SETTING[.LEVER...]`:
 - `zero0`, `zero1`: DeepSpeed's ZeRO stage 0 or 1 instead of 2 (one GPU has nothing to partition);
 - `share`: learner.shared_prefix=true (its `auto` leaves it off on a GPU; `--paired-share` needs it on);
 - `flash`: a packed micro-batch's remainders attend through SDPA's CPU flash kernel, as before round 12, instead of
-  `learner/cpu_attention.py`'s GEMMs (CPU only);
+  `learner/levers/cpu_attention.py`'s GEMMs (CPU only);
 - with `compile`: `static` compiles the layers for this benchmark's fixed shape (`dynamic=False`; a run's batches
   change length every step, so the learner compiles them with dynamic shapes), `cudagraphs` on top of that replays
   them as CUDA graphs (`mode="reduce-overhead"`; with layers compiled one by one this fails on a GPU: the 24
   layers share one graph, whose replay overwrites the previous layer's output), `stack` compiles the module holding
   the layers as one graph instead of each layer (one call's host overhead per forward, and one CUDA graph), `fuse`
-  runs a layer's linears that read the same input as one matmul (learner/linear_fusion.py; off by default),
+  runs a layer's linears that read the same input as one matmul (learner/levers/linear_fusion.py; off by default),
   `bucket` sets learner.compile_buckets=128 (each forward right-padded to a multiple of 128 tokens, a fixed-shape
   graph per length: what `static` measures, for a run's changing lengths; give it `--ragged` or `--min-len`).
 
@@ -187,7 +187,8 @@ def stand_in_for_ray_train(device) -> None:
 
 def apply_levers(levers: list[str]) -> None:
     """`old` and the `-X` levers put the learner's code back as it was before each lever (module attributes)."""
-    from agentrl_ray.learner import chunked_logprobs, guards, policy
+    from agentrl_ray.learner import guards, policy
+    from agentrl_ray.learner.levers import chunked_logprobs
 
     old = {"-chunk", "-nomask", "-fusedadam", "-peftcast", "-gradcheck", "-keep"}
     off = set(levers) if "old" not in levers else old
@@ -204,21 +205,21 @@ def apply_levers(levers: list[str]) -> None:
     if "-keep" in off:
         chunked_logprobs.KEEP_BYTES = chunked_logprobs.CUDA_KEEP_BYTES = 0
     if "static" in levers or "cudagraphs" in levers:
-        from agentrl_ray.learner import compilation
+        from agentrl_ray.learner.levers import compilation
 
         compilation.LAYER_COMPILE_OPTIONS = {"dynamic": False}
         if "cudagraphs" in levers:
             compilation.LAYER_COMPILE_OPTIONS["mode"] = "reduce-overhead"
     if "stack" in levers:
-        from agentrl_ray.learner import compilation
+        from agentrl_ray.learner.levers import compilation
 
         compilation.COMPILE_SCOPE = "stack"
     if "flash" in levers:
-        from agentrl_ray.learner import shared_prefix
+        from agentrl_ray.learner.levers import shared_prefix
 
         shared_prefix.CPU_GEMM_ATTENTION = False
     if "fuse" in levers:
-        from agentrl_ray.learner import compilation
+        from agentrl_ray.learner.levers import compilation
 
         compilation.FUSE_SHARED_INPUT_LINEARS = True
 
@@ -383,7 +384,7 @@ def paired_keep(step, pairs: int) -> dict:
     kept (chunked_logprobs.KEEP_BYTES), alternating in this process (ABBA order)."""
     if not pairs:
         return {}
-    from agentrl_ray.learner import chunked_logprobs
+    from agentrl_ray.learner.levers import chunked_logprobs
 
     before = chunked_logprobs.KEEP_BYTES, chunked_logprobs.CUDA_KEEP_BYTES
     budget = before[0] or 1 << 30, before[1] or 8 << 30  # the defaults (also where a caller had set them to 0)
@@ -411,7 +412,7 @@ def paired_scatter(step, pairs: int) -> dict:
     `index_put_` (chunked_logprobs now), alternating in this process (ABBA order)."""
     if not pairs:
         return {}
-    from agentrl_ray.learner import chunked_logprobs
+    from agentrl_ray.learner.levers import chunked_logprobs
 
     current = chunked_logprobs._grad_logits_kept
 

@@ -152,12 +152,12 @@ class LearnerConfig:
     """DDP learner: bfloat16 autocast with float32 weights and optimizer (DeepSpeed uses its own settings); with LoRA
     the frozen base is loaded in bfloat16 (no float32 copy), the adapter stays float32."""
     chunked_logprobs: bool = True
-    """Log-probabilities from the last hidden states chunk by chunk (agentrl_ray/learner/chunked_logprobs.py), never
-    the whole (batch, tokens, vocabulary) logits; false: the model's full logits. Falls back to full logits under
-    ZeRO-3."""
+    """Log-probabilities from the last hidden states chunk by chunk (agentrl_ray/learner/levers/chunked_logprobs.py),
+    never the whole (batch, tokens, vocabulary) logits; false: the model's full logits. Falls back to full logits
+    under ZeRO-3."""
     shared_prefix: Literal["auto", True, False] = "auto"
     """Tokens that every sequence of a micro-batch begins with (a group's prompt; a task's system prompt and tool
-    schemas) go through the layers once, not once per sequence (agentrl_ray/learner/shared_prefix.py): the
+    schemas) go through the layers once, not once per sequence (agentrl_ray/learner/levers/shared_prefix.py): the
     micro-batch is packed into one row and attention runs per sequence over the prefix and its own tokens; the
     micro-batches are cut along shared prompts where that computes fewer tokens than cutting by length. Not
     bit-exact (the matmuls see other shapes: float rounding). `auto` (default): on for a CPU learner (0.5B LoRA

@@ -95,9 +95,9 @@ def micro_batches(batch: TrainBatch, num: int, share_prefix: bool = False) -> li
     A rank with fewer rows than `num` gets (row 0, weight 0.0) fillers: forward/backward with a zero loss.
     Rows are ordered by length first and each micro-batch is trimmed to its longest sequence, so little compute goes
     to padding (the loss is normalized over the whole step's batch, so how rows are grouped does not change it).
-    With `share_prefix` (the learner runs a micro-batch's common prefix once: learner/shared_prefix.py) the rows are
-    ordered by their tokens instead (a group's rows, which share their prompt, side by side) where that computes
-    fewer tokens (`computed_tokens`).
+    With `share_prefix` (the learner runs a micro-batch's common prefix once: learner/levers/shared_prefix.py) the
+    rows are ordered by their tokens instead (a group's rows, which share their prompt, side by side) where that
+    computes fewer tokens (`computed_tokens`).
     """
     n = len(batch)
     order = torch.argsort(batch.attention_mask.sum(dim=1), stable=True)
@@ -143,7 +143,7 @@ def rank_micro_batches(
 def computed_tokens(batch: TrainBatch, order: torch.Tensor, num: int) -> int:
     """The tokens the layers compute for `batch`'s rows taken in `order` and cut into `num` micro-batches, each
     trimmed to its longest row and its common prefix computed once (where `shared_prefix.worth_sharing`)."""
-    from agentrl_ray.learner.shared_prefix import common_prefix_length, worth_sharing
+    from agentrl_ray.learner.levers.shared_prefix import common_prefix_length, worth_sharing
 
     n, total = len(batch), 0
     lengths = batch.attention_mask.sum(dim=1)

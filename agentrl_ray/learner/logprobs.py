@@ -1,6 +1,6 @@
 """Per-token log-probabilities (and entropy) from a model's full logits, in float32 whatever the logits' dtype, chunk
 by chunk, with a backward that keeps no float32 copy of the logits. The learner's default path skips the full logits
-altogether (`chunked_logprobs.py`, from the last hidden states); this one serves `learner.chunked_logprobs=false`
+altogether (`levers/chunked_logprobs.py`, from the last hidden states); this one serves `learner.chunked_logprobs=false`
 and ZeRO-3, and is the reference the chunked path is tested against.
 """
 

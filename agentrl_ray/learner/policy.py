@@ -1,7 +1,7 @@
 """The trainable policy inside one Ray Train worker: model, optional LoRA, DDP or DeepSpeed, optimizer.
 
 `Policy` hides the wrapper behind five verbs the loop needs: `logits`, `backward`, `step`, `named_tensors_for_sync`
-and `save`/`load`. DeepSpeed details (its config, ZeRO-3's partitioned build and gathers) live in `zero.py`.
+and `save`/`load`. DeepSpeed details (its config, ZeRO-3's partitioned build and gathers) live in `levers/zero.py`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import torch
 
 from agentrl_ray.config import LearnerConfig, ModelConfig
 from agentrl_ray.infra.hardware import emulated_bf16_warning, this_cpu
-from agentrl_ray.learner import qlora, shared_prefix, zero
-from agentrl_ray.learner.chunked_logprobs import hidden_token_logprobs
-from agentrl_ray.learner.compilation import compile_layers, wants_compile
+from agentrl_ray.learner.levers import qlora, shared_prefix, zero
+from agentrl_ray.learner.levers.chunked_logprobs import hidden_token_logprobs
+from agentrl_ray.learner.levers.compilation import compile_layers, wants_compile
 from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
 from agentrl_ray.sync.packing import load_safetensors_folder
 

@@ -33,7 +33,7 @@ PROMPT, ACTION, ENV = 8, 6, 5  # a trajectory: prompt, action, tool result, acti
 
 
 def test_chunked_logprobs_at_a_real_vocabulary_equal_full_logits_in_bounded_memory():
-    from agentrl_ray.learner.chunked_logprobs import CHUNK_ELEMENTS, chunk_tokens_for, hidden_token_logprobs
+    from agentrl_ray.learner.levers.chunked_logprobs import CHUNK_ELEMENTS, chunk_tokens_for, hidden_token_logprobs
     from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
 
     dev = torch.device("cuda")
@@ -292,13 +292,13 @@ def test_fused_linears_and_compile_buckets_on_cuda_give_the_eager_log_probs_and_
     builtin_model_path, monkeypatch
 ):
     """The compiled layers as a GPU run would take them with learner.compile_buckets (fixed shapes) and the fusion of
-    linears that share an input (learner/linear_fusion.py; off by default until measured): LoRA under bfloat16
+    linears that share an input (learner/levers/linear_fusion.py; off by default until measured): LoRA under bfloat16
     autocast on CUDA gives the eager policy's log-probs and adapter gradients to bfloat16 rounding, at two padded
     lengths."""
     from builders import as_ray_train_rank_zero
 
     from agentrl_ray.infra.profiles import load_config
-    from agentrl_ray.learner import compilation
+    from agentrl_ray.learner.levers import compilation
     from agentrl_ray.learner.policy import Policy
 
     as_ray_train_rank_zero(monkeypatch, torch.device("cuda:0"))

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from agentrl_ray.learner import chunked_logprobs
-from agentrl_ray.learner.chunked_logprobs import chunk_tokens_for, hidden_token_logprobs
+from agentrl_ray.learner.levers import chunked_logprobs
+from agentrl_ray.learner.levers.chunked_logprobs import chunk_tokens_for, hidden_token_logprobs
 from agentrl_ray.learner.logprobs import token_logprobs_and_entropy
 
 

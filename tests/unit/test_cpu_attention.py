@@ -1,4 +1,4 @@
-"""`learner/cpu_attention.py`: the packed micro-batch's masked attention as GEMMs on a CPU. It must be SDPA's
+"""`learner/levers/cpu_attention.py`: the packed micro-batch's masked attention as GEMMs on a CPU. It must be SDPA's
 attention (float32: to rounding; bfloat16: within bfloat16's rounding of the float32 result), its gradients
 included, and a well-formed custom op (fake tensors, autograd) so that compiled layers call it."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl_ray.learner.cpu_attention import attend, masked_attention
+from agentrl_ray.learner.levers.cpu_attention import attend, masked_attention
 
 
 def _inputs(dtype, rows=3, heads=4, kv_heads=2, prefix=5, own=7, dim=16, seed=0):

@@ -1,6 +1,6 @@
 """The learner's optimizer on a CPU: torch's fused AdamW (one kernel for the whole update, ~5.7x the multi-tensor
 default on 2 cores), under plain torch and under DeepSpeed, and no DeepSpeed op compiled at start
-(learner/policy.py, learner/zero.py)."""
+(learner/policy.py, learner/levers/zero.py)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_deepspeed_on_a_cpu_compiles_no_communication_op():
     environment) unless it is marked unavailable, as the learner does: only tensor-parallel inference uses it."""
     import importlib
 
-    from agentrl_ray.learner import zero
+    from agentrl_ray.learner.levers import zero
 
     ds_torch = importlib.import_module("deepspeed.comm.torch")  # (deepspeed.comm's `torch` attribute is torch)
 

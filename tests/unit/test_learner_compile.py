@@ -9,9 +9,9 @@ import torch
 
 from agentrl_ray.config import ConfigError, LoraConfig
 from agentrl_ray.infra.profiles import load_config
-from agentrl_ray.learner import compilation
-from agentrl_ray.learner.chunked_logprobs import hidden_token_logprobs
-from agentrl_ray.learner.compilation import COMPILE_AUTO_PARAMS, compile_layers, wants_compile
+from agentrl_ray.learner.levers import compilation
+from agentrl_ray.learner.levers.chunked_logprobs import hidden_token_logprobs
+from agentrl_ray.learner.levers.compilation import COMPILE_AUTO_PARAMS, compile_layers, wants_compile
 from agentrl_ray.learner.policy import enable_gradient_checkpointing, hidden_states_out, model_head
 
 

@@ -6,7 +6,7 @@ import torch
 
 from agentrl_ray.config import ConfigError
 from agentrl_ray.infra.profiles import load_config
-from agentrl_ray.learner.zero import deepspeed_config, inference_config
+from agentrl_ray.learner.levers.zero import deepspeed_config, inference_config
 
 DS = ["profile=cpu", "learner.backend=deepspeed"]
 

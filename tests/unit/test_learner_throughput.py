@@ -35,7 +35,7 @@ def test_learner_throughput_benchmark_runs_on_a_cpu(tmp_path):
     # LoRA inputs left uncast (exact round trips)
     assert by["full.flash"]["logprob_gap_vs"] == {"full.old": 0.0}
     assert by["lorabf16.flash"]["logprob_gap_vs"] == {"lorabf16.old": 0.0}
-    # the packed rows' attention as GEMMs (learner/cpu_attention.py) rounds otherwise: bfloat16 scores
+    # the packed rows' attention as GEMMs (learner/levers/cpu_attention.py) rounds otherwise: bfloat16 scores
     assert 0 < by["lorabf16"]["logprob_gap_vs"]["lorabf16.old"] <= 0.01
     assert len(by["lorabf16"]["paired_off_s"]) == len(by["lorabf16"]["paired_on_s"]) == 1
     assert len(by["lorabf16"]["paired_keep_off_s"]) == len(by["lorabf16"]["paired_keep_on_s"]) == 1
@@ -44,7 +44,7 @@ def test_learner_throughput_benchmark_runs_on_a_cpu(tmp_path):
 def test_the_static_and_cudagraphs_levers_change_how_the_layers_compile(monkeypatch):
     """`static` compiles the layers for the benchmark's fixed shape and `cudagraphs` adds CUDA graphs on top; the
     learner itself keeps dynamic shapes (a run's batches change length every step)."""
-    from agentrl_ray.learner import compilation
+    from agentrl_ray.learner.levers import compilation
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import learner_throughput

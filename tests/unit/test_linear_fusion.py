@@ -1,4 +1,4 @@
-"""learner/linear_fusion.py: a compiled graph's linears that read the same input run as one matmul, with the same
+"""learner/levers/linear_fusion.py: a compiled graph's linears that read the same input run as one matmul, with the same
 outputs and gradients as the separate calls."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl_ray.learner import compilation, linear_fusion
-from agentrl_ray.learner.compilation import compile_layers
-from agentrl_ray.learner.linear_fusion import FuseSharedInputLinears
+from agentrl_ray.learner.levers import compilation, linear_fusion
+from agentrl_ray.learner.levers.compilation import compile_layers
+from agentrl_ray.learner.levers.linear_fusion import FuseSharedInputLinears
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_learner_compile import _assert_same_logprobs_and_grads, _lora_model  # noqa: E402

@@ -11,7 +11,7 @@ import torch
 
 from agentrl_ray.config import ConfigError, LearnerConfig
 from agentrl_ray.infra.profiles import load_config
-from agentrl_ray.learner import qlora
+from agentrl_ray.learner.levers import qlora
 
 
 def test_the_config_refuses_what_cannot_run():

@@ -1,7 +1,8 @@
 """`learner.shared_prefix`: a micro-batch's common prefix (a group's prompt) runs through the layers once, packed
-with every row's remainder into one row (learner/shared_prefix.py). It must give the unpacked batch's log-probs and
-gradients to float rounding, on the learner's real `Policy` (LoRA and full fine-tune, eager and compiled), fall back
-where it cannot pack, and `micro_batches` must put a group's rows together only where that computes fewer tokens."""
+with every row's remainder into one row (learner/levers/shared_prefix.py). It must give the unpacked batch's log-probs
+and gradients to float rounding, on the learner's real `Policy` (LoRA and full fine-tune, eager and compiled), fall
+back where it cannot pack, and `micro_batches` must put a group's rows together only where that computes fewer
+tokens."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 import torch
 from builders import cpu_policy
 
-from agentrl_ray.learner import shared_prefix
 from agentrl_ray.learner.batching import computed_tokens, micro_batches
+from agentrl_ray.learner.levers import shared_prefix
 from agentrl_ray.types import TrainBatch
 
 

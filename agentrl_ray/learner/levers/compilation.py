@@ -23,7 +23,7 @@ LAYER_COMPILE_OPTIONS: dict = {"dynamic": True}
 # an H100's host (0.5B full; docs/learner_speed.md round 4): inductor's fusion pass grows faster than the graph.
 COMPILE_SCOPE = "layers"
 # Each compiled layer's linears that read the same input (q/k/v, gate/up, and LoRA's A on each) run as one matmul
-# (learner/linear_fusion.py). Off until a GPU measures it (docs/learner_speed.md round 5): on a CPU the step was
+# (learner/levers/linear_fusion.py). Off until a GPU measures it (docs/learner_speed.md round 5): on a CPU the step was
 # level with it, and the concatenated weights kept for backward raised the learner's peak RSS by 0.18-0.61 GiB at
 # 0.5B (docs/benchmarks.md round 11). benchmarks/learner_throughput.py's `fuse` lever turns it on.
 FUSE_SHARED_INPUT_LINEARS = False
@@ -106,7 +106,7 @@ def layer_compile_options() -> dict:
     `options`, not both: a `mode` keeps the linears apart)."""
     options = dict(LAYER_COMPILE_OPTIONS)
     if FUSE_SHARED_INPUT_LINEARS and "mode" not in options:
-        from agentrl_ray.learner.linear_fusion import FuseSharedInputLinears
+        from agentrl_ray.learner.levers.linear_fusion import FuseSharedInputLinears
 
         options["options"] = {**options.get("options", {}), "pre_grad_custom_pass": FuseSharedInputLinears()}
     return options

@@ -9,7 +9,7 @@ Under ZeRO-3 every parameter is split over the ranks: a rank's `param` is an emp
 - every rank runs every forward (the eval's too), since each forward all-gathers parameters.
 ZeRO-1/2 partition only optimizer state and gradients: the module holds full weights and reads them directly.
 
-Only this module and `policy.py` import DeepSpeed.
+Only this module and `learner/policy.py` import DeepSpeed.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl_ray.learner import cpu_attention
+from agentrl_ray.learner.levers import cpu_attention
 
 ATTENTION = "agentrl_shared_prefix"  # the attention implementation name `install` registers
 KWARG = "agentrl_prefix_layout"  # the forward's keyword that carries the layout to every attention call
