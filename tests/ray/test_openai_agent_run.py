@@ -21,7 +21,7 @@ def test_an_agents_sdk_program_trains_unchanged(builtin_model_path, fresh_copy):
     # working directory on the driver and on every Ray worker (infra/user_code.py).
     extra = [
         "env.agent=examples.openai_agent.sdk_agent:run",
-        "env.agent_timeout_s=60",
+        "env.agent_timeout_s=180",  # its first step took 99 s beside a training on the 2 cores (14 s alone)
         "env.agent_processes=16",
         "run.steps=2",
         "run.save_rollouts=1",
