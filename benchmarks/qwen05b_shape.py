@@ -21,12 +21,10 @@ The folder is `$AGENTRL_CACHE/models/qwen2.5-0.5b-shape-<hash of the config>`, b
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 # Qwen2.5-0.5B-Instruct's config.json (architecture only).
@@ -48,26 +46,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 
 def ensure_qwen05b_shape(cache_dir: Path | None = None, *, seed: int = 0) -> Path:
+    from agentrl_ray.builtin.cache import build_once
     from agentrl_ray.builtin.model import default_cache_root, ensure_builtin_model
 
     tokenizer_dir = ensure_builtin_model()
     key = json.dumps({"config": QWEN25_05B, "seed": seed, "tokenizer": tokenizer_dir.name}, sort_keys=True)
     models = (Path(cache_dir) if cache_dir else default_cache_root()) / "models"
     target = models / f"qwen2.5-0.5b-shape-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    if (target / "config.json").is_file():
-        return target
-    models.mkdir(parents=True, exist_ok=True)
-    with open(models / f"{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits here, then finds the folder built
-        if (target / "config.json").is_file():
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=models))
-        try:
-            _build(tmp, tokenizer_dir, seed)
-            tmp.rename(target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(target, lambda tmp: _build(tmp, tokenizer_dir, seed))
 
 
 def _build(out: Path, tokenizer_dir: Path, seed: int) -> None:

@@ -28,7 +28,6 @@ task's random walks instead (`builtin/grid.py`, `examples/grid`).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -37,8 +36,6 @@ import os
 import platform
 import random
 import re
-import shutil
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -47,6 +44,7 @@ from typing import Any
 import torch
 
 from agentrl_ray.builtin import grid as builtin_grid
+from agentrl_ray.builtin.cache import build_once
 from agentrl_ray.builtin.recipe import CHAT_TEMPLATE, NAME, RECIPE_VERSION, RECIPES, SPECIAL_TOKENS, Recipe
 from agentrl_ray.chat_format import END_OF_TURN, ToolCall, encode_segments, render_tool_call, tool_response_segments
 from agentrl_ray.envs.builtin.calculator import CalculatorEnv
@@ -114,23 +112,7 @@ def ensure_builtin_model(
     recipe = RECIPES[size]
     tools = calculator_tools() if recipe.task == "arithmetic" else builtin_grid.grid_tools()
     models = (Path(cache_dir) if cache_dir is not None else default_cache_root()) / "models"
-    target = models / name
-    if (target / "config.json").is_file() and not force:
-        return target
-    models.mkdir(parents=True, exist_ok=True)
-    with open(models / f"{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits here, then finds the folder built
-        if (target / "config.json").is_file() and not force:
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=models))
-        try:
-            build(tmp, recipe, tools)
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(models / name, lambda tmp: build(tmp, recipe, tools), force=force)
 
 
 def build(out_dir: Path, recipe: Recipe, tools: list[dict[str, Any]]) -> None:

@@ -18,16 +18,14 @@ the rollout parses.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import json
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl_ray.builtin.cache import build_once
 from agentrl_ray.config import ConfigError
 
 
@@ -76,23 +74,7 @@ def ensure_gguf_model(gguf: Path, name: str, cache_root: Path) -> Path:
     """The Hugging Face folder converted from `gguf`, converted on first use (~25 s for SmolLM2-135M on 2 cores)."""
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.name}/{stat.st_size}/{_head_hash(gguf)}".encode()).hexdigest()[:12]
-    models = cache_root / "models"
-    target = models / f"{name}-{key}"
-    if (target / "config.json").is_file():
-        return target
-    models.mkdir(parents=True, exist_ok=True)
-    with open(models / f"{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits here, then finds the folder converted
-        if (target / "config.json").is_file():
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=models))
-        try:
-            convert(gguf, tmp)
-            tmp.chmod(0o755)  # mkdtemp's 0700 would hide the model from processes of other users (the sandbox)
-            tmp.rename(target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(cache_root / "models" / f"{name}-{key}", lambda tmp: convert(gguf, tmp))
 
 
 def _head_hash(path: Path, size: int = 1 << 20) -> str:
