@@ -13,7 +13,7 @@ Phases, each a command a user types (printed, and kept in the result's `commands
   4. RL         agentrl-ray train examples/<task>/config.yaml model.path=OUT/warm run.eval_at_start=true ...
                 (its step-0 evaluation is the warm-started model's; its last is the trained model's)
 Each phase runs watched (process_tree.py: wall time, peak summed RSS and PSS of its whole process tree). The result
-goes to benchmarks/results/real_model/<task>-<date>-<cpu>.json and the curve to docs/real_model/<task>.png.
+goes to benchmarks/results/real_model/<task>-<date>-<machine>.json and the curve to docs/real_model/<task>.png.
 Nothing of the held-out split reaches phases 3 and 4 except as evaluation: the SFT rows come from the train split.
 """
 
@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from process_tree import run_watched  # noqa: E402
+from results_path import default_out  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -197,8 +198,7 @@ def main() -> int:
             result[f"{name}_ast_pooled"] = sum(r.get(f"eval/{c}/pass@1", 0) for c in ast) / len(ast)
         if "untrained" in result:
             result["untrained_ast_pooled"] = pooled(result["untrained"], ast)
-    stamp = f"{args.task}-{result['date']}-{result['cpu'].replace(' ', '_')}"
-    dest = ROOT / "benchmarks" / "results" / "real_model" / f"{stamp}.json"
+    dest = default_out("real_model", label=args.task)  # results_path.py: <task>-<date>-<machine>.json
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(result, indent=2))
     plot(

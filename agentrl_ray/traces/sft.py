@@ -39,8 +39,8 @@ class SFTOptions:
 
 def native_bf16() -> bool:
     """Whether this CPU computes bfloat16 matmuls natively (AVX512_BF16 or AMX): a forward and backward of
-    SmolLM2-135M over 8 x 400 tokens took 12 s under bf16 autocast against 51-65 s in float32 on a 2-core Zen 4
-    EPYC (docs/real_model.md)."""
+    SmolLM2-135M over 8 x 400 tokens took 12 s under bf16 autocast against 51-65 s in float32 on a 2-core AMD EPYC
+    (family 26 model 2; docs/real_model.md)."""
     from agentrl_ray.infra.hardware import this_cpu
 
     return this_cpu().bf16
