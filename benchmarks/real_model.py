@@ -104,7 +104,7 @@ def main() -> int:
         help="skip the phases OUT/phases.json records as done (the untrained eval, the SFT): a run cut short goes on",
     )
     p.add_argument("overrides", nargs="*", help="key=value overrides for the RL run")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()  # key=value overrides may follow the options
 
     out = (Path(args.out) if args.out else ROOT / "runs" / "real_model" / args.task).resolve()
     out.mkdir(parents=True, exist_ok=True)
