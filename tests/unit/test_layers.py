@@ -171,3 +171,18 @@ def test_the_checks_catch_an_upward_import_and_a_cycle():
     assert violations("tasks", "t.py", "from agentrl_ray.builtin.model import RECIPES") != []
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_learners_levers_sit_below_its_rl_path():
+    """learner/levers/ (the speed and memory levers) import each other, config and the foundations, never the
+    learner's RL path (loop, update, feed, policy, ...), so that the algorithm reads without them."""
+    modules = _modules()
+    bad = []
+    for name, path in modules.items():
+        if not name.startswith("agentrl_ray.learner.levers"):
+            continue
+        for line, module in _imports(path.read_text(), modules):
+            if module.startswith("agentrl_ray.learner.") and not module.startswith("agentrl_ray.learner.levers"):
+                bad.append(f"{path.relative_to(PACKAGE)}:{line} imports {module}")
+    assert not bad, bad
+    assert any(n.startswith("agentrl_ray.learner.levers.") for n in modules)  # the room is there
