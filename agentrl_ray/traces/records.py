@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentrl_ray.data import row_tools
 from agentrl_ray.messages import from_openai, to_openai
 
 if TYPE_CHECKING:  # types imports torch; reading and converting traces does not need it
@@ -57,7 +58,7 @@ def group_records(
     for g in groups:
         row = rows_by_id.get(g.prompt_id, {})
         columns = {k: v for k, v in row.items() if k not in _SKIP_COLUMNS and k != "tools"}
-        row_tools = tools if row.get("tools") is None else row["tools"]  # a row's own tools (BFCL) were its prompt's
+        own_tools = row_tools(row, tools)  # a row's own tools (BFCL) were its prompt's
         for t in g.trajectories:
             out.append(
                 {
@@ -72,7 +73,7 @@ def group_records(
                     "num_tool_errors": t.num_tool_errors,
                     "prompt": to_openai(t.prompt_messages),
                     "completion": to_openai(t.completion_messages),
-                    "tools": row_tools,
+                    "tools": own_tools,
                     "columns": columns,
                 }
             )
