@@ -5,6 +5,7 @@ on the held-out split before and after (docs/real_model.md).
     python benchmarks/real_model.py bfcl                       # BFCL v4 single-turn, examples/bfcl
     python benchmarks/real_model.py gsm_tools                  # reasoning-gym with a calculator, examples/gsm_tools
     python benchmarks/real_model.py bfcl --steps 20 --sft-epochs 1 --sft-rows 400 --eval-size 160 --lora
+    python benchmarks/real_model.py gsm_tools --sft-rows 0 --data-args '--dataset gsm_symbolic'
 
 Phases, each a command a user types (printed, and kept in the result's `commands`):
   1. data       python examples/<task>/make_data.py --out OUT/data
@@ -34,6 +35,10 @@ from results_path import default_out  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 MODEL = "builtin:smollm2-135m-instruct"
+# The warm start's size per task, as measured (docs/real_model.md): BFCL's 256 of 928 conversations (32 steps, ~40
+# min here); chain_sum's 32 of 512, which teach the call's form but not the tool's name: after 64, 48 of 48 held-out
+# questions were answered right, which would leave RL nothing to show.
+SFT_ROWS = {"bfcl": 256, "gsm_tools": 32}
 
 
 def cpu_name() -> str:
@@ -93,7 +98,12 @@ def main() -> int:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--eval-size", type=int, default=None, help="held-out rows (default: the config's)")
     p.add_argument("--sft-epochs", type=float, default=1.0)
-    p.add_argument("--sft-rows", type=int, default=0, help="SFT on the first N train rows only (0: all)")
+    p.add_argument(
+        "--sft-rows",
+        type=int,
+        default=None,
+        help=f"SFT on N shuffled train rows only (0: all; default: the task's, {SFT_ROWS})",
+    )
     p.add_argument("--sft-lr", type=float, default=1e-4)
     p.add_argument("--lora", action="store_true", help="RL with profile=lora (adapters) instead of a full fine-tune")
     p.add_argument("--skip-untrained", action="store_true")
@@ -105,6 +115,8 @@ def main() -> int:
     )
     p.add_argument("overrides", nargs="*", help="key=value overrides for the RL run")
     args = p.parse_intermixed_args()  # key=value overrides may follow the options
+    if args.sft_rows is None:
+        args.sft_rows = SFT_ROWS[args.task]
 
     out = (Path(args.out) if args.out else ROOT / "runs" / "real_model" / args.task).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -193,9 +205,16 @@ def main() -> int:
     result["step_s_median"] = sorted(step_times)[len(step_times) // 2] if step_times else None
     if args.task == "bfcl":
         ast = ["simple_python", "multiple", "parallel", "parallel_multiple"]
+        # Prompt-weighted, as `pooled` weighs the untrained report: the held-out rows per category.
+        rows = [json.loads(line) for line in (data / "eval.jsonl").read_text().splitlines()]
+        if args.eval_size:
+            rows = rows[: args.eval_size]
+        sizes = {c: sum(r["category"] == c for r in rows) for c in ast}
         for name in ("warm", "trained"):
             r = result[name]
-            result[f"{name}_ast_pooled"] = sum(r.get(f"eval/{c}/pass@1", 0) for c in ast) / len(ast)
+            result[f"{name}_ast_pooled"] = sum(r.get(f"eval/{c}/pass@1", 0) * sizes[c] for c in ast) / max(
+                1, sum(sizes.values())
+            )
         if "untrained" in result:
             result["untrained_ast_pooled"] = pooled(result["untrained"], ast)
     dest = default_out("real_model", label=args.task)  # results_path.py: <task>-<date>-<machine>.json

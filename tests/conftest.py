@@ -101,3 +101,13 @@ def local_ray():
     )
     yield ray
     ray.shutdown()
+
+
+def pytest_runtest_logreport(report):
+    """With AGENTRL_TEST_TIMES=FILE, each test phase's duration is appended there as it ends (tab-separated: seconds,
+    phase, outcome, test id), so that a run cut short or killed still says where its time went; --durations prints
+    only at the end."""
+    path = os.environ.get("AGENTRL_TEST_TIMES")
+    if path and report.duration >= 0.5:
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.1f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")

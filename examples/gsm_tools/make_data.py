@@ -2,7 +2,7 @@
 
     python examples/gsm_tools/make_data.py                         # chain_sum -> data/gsm_tools/chain_sum/
     python examples/gsm_tools/make_data.py --dataset gsm_symbolic  # -> data/gsm_tools/gsm_symbolic/
-    python examples/gsm_tools/make_data.py --train 2048 --eval 200 --sft 512 --seed 0 --out DIR
+    python examples/gsm_tools/make_data.py --train 2048 --eval 400 --sft 512 --seed 0 --out DIR
 
 Writes, under data/gsm_tools/<dataset>/ of the working directory (the paths the configs read):
 - train.jsonl, eval.jsonl: rows of `agentrl_ray.tasks.gsm` (prompt, answer, id, dataset, rg_entry), from different
@@ -83,7 +83,7 @@ def write(
     out_dir: Path = OUT,
     dataset: str = DEFAULT_DATASET,
     n_train: int = 2048,
-    n_eval: int = 200,
+    n_eval: int = 400,
     n_sft: int = 512,
     seed: int = 0,
 ) -> dict[str, Path]:
@@ -106,7 +106,7 @@ if __name__ == "__main__":
     parser.add_argument("--dataset", choices=sorted(DATASETS), default=DEFAULT_DATASET)
     parser.add_argument("--out", type=Path, help="output folder (default: data/gsm_tools/<dataset>)")
     parser.add_argument("--train", type=int, default=2048, help="train rows (default: %(default)s)")
-    parser.add_argument("--eval", type=int, default=200, help="held-out rows (default: %(default)s)")
+    parser.add_argument("--eval", type=int, default=400, help="held-out rows (default: %(default)s)")
     parser.add_argument("--sft", type=int, default=512, help="worked conversations (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

@@ -26,7 +26,7 @@ def _question(row: dict) -> str:
 
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_no_held_out_question_in_train_rows_of_any_seed(dataset):
-    held_out = {_question(r) for r in gsm.make_rows(dataset, 300, "eval", seed=0)}
+    held_out = {_question(r) for r in gsm.make_rows(dataset, 400, "eval", seed=0)}
     for seed in (0, 1):
         train = gsm.make_rows(dataset, 1000, "train", seed=seed)
         assert len(train) == 1000
@@ -149,7 +149,7 @@ def test_worked_solutions_replay_through_the_calculator_to_a_right_answer(datase
         assert not skipped  # its expression is in the question
     else:  # most word problems have one (87% measured); the rest are counted by reason
         assert sum(skipped.values()) < 0.25 * n
-    held_out = {_question(r) for r in gsm.make_rows(dataset, 200, "eval", seed=0)}
+    held_out = {_question(r) for r in gsm.make_rows(dataset, 400, "eval", seed=0)}
     train_prompts = {r["id"]: r["prompt"] for r in gsm.make_rows(dataset, 2 * n, "train", seed=0)}
     turns = 0
     for row in rows:
