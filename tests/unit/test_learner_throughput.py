@@ -87,9 +87,9 @@ def test_a_variant_past_its_timeout_is_stopped_and_the_next_still_runs(tmp_path)
     out = tmp_path / "lt.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "learner_throughput.py"), "--device=cpu", "--shape=tiny"]
     cmd += ["--seq=32", "--prompt-len=8", "--micro-batch=2", "--micro-batches=1", "--warmup=0"]
-    # Two full fine-tune variants, the second with a lever: each must step once before it is cut. 30 s: a variant's
-    # start (imports, model build) took up to ~12 s beside the other xdist worker; LoRA's (PEFT and bitsandbytes
-    # imports) over 20 s in a clean clone's CI run, which is why it is not the variant here.
+    # Two full fine-tune variants, the second with a lever: each must step once before it is cut (30 s each; the test
+    # took 72.8 s alone). Not LoRA: its start (PEFT's and bitsandbytes' imports) took over 20 s in a clean clone's CI
+    # run beside the other xdist worker, and needed a 45 s cut.
     first = [*cmd, "--steps=100000", "--variant-timeout=30", "--variants=full,full.flash", f"--out={out}"]
     proc = subprocess.run(first, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
