@@ -209,13 +209,18 @@ def _coerce_scalar(value: Any, hint: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"
     elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value  # whatever its size: float() of an int past 1e308 overflows
         if is_number and float(value).is_integer():
             return int(value)
         if isinstance(value, str) and _INT.fullmatch(value.strip()):
             return int(value)
     elif hint is float:
         if is_number:
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an int past float's range (10**400): an argument error, not a crash
+                pass
         if isinstance(value, str):
             try:
                 number = float(value)
@@ -227,7 +232,10 @@ def _coerce_scalar(value: Any, hint: Any) -> Any:
         if isinstance(value, str):
             return value
         if is_number:
-            return str(value)
+            try:
+                return str(value)
+            except ValueError:  # an int past Python's 4,300-digit limit for str()
+                pass
     elif hint is type(None):
         if value is None:
             return None
@@ -241,5 +249,8 @@ def _type_name(hint: Any) -> str:
 
 
 def _describe(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4,300-digit limit for str()
+        return f"{type(value).__name__} of {value.bit_length()} bits"
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:60] + '...'}"

@@ -193,6 +193,17 @@ def test_coerce_arguments_rejects(arguments, message):
         coerce_arguments(ShopEnv().buy, arguments)
 
 
+def test_numbers_past_floats_range_are_argument_errors_not_crashes():
+    """A model may write any number of digits: an int past 1e308 stays an int where one is wanted, and is an
+    argument error (ValueError, which the env host returns as the call's error) where a float or a string is."""
+    huge = 10**400
+    assert coerce_arguments(ShopEnv().buy, {"item": "a", "count": huge}) == {"item": "a", "count": huge}
+    with pytest.raises(ValueError, match="argument 'shades'.*expected number, got int 1000"):
+        coerce_arguments(ShopEnv().paint, {"color": "red", "shades": [huge]})
+    with pytest.raises(ValueError, match="argument 'item': expected string, got int of 16610 bits"):
+        coerce_arguments(ShopEnv().buy, {"item": 10**5000})
+
+
 def test_coerce_literal_and_enum_rejects():
     with pytest.raises(ValueError, match=r"one of \['matte', 'gloss'\]"):
         coerce_arguments(ShopEnv().paint, {"color": "red", "shades": [], "mode": "shiny"})
