@@ -94,6 +94,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("task", choices=["bfcl", "gsm_tools"])
     p.add_argument("--out", default=None, help="default: runs/real_model/<task>")
+    p.add_argument(
+        "--label",
+        default=None,
+        help="names the result JSON and the curve (default: the task): a variant of the same task keeps its own",
+    )
     p.add_argument("--steps", type=int, default=30, help="RL steps")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--eval-size", type=int, default=None, help="held-out rows (default: the config's)")
@@ -217,14 +222,15 @@ def main() -> int:
             )
         if "untrained" in result:
             result["untrained_ast_pooled"] = pooled(result["untrained"], ast)
-    dest = default_out("real_model", label=args.task)  # results_path.py: <task>-<date>-<machine>.json
+    label = args.label or args.task
+    dest = default_out("real_model", label=label)  # results_path.py: <label>-<date>-<machine>.json
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(result, indent=2))
     plot(
         records,
         steps,
-        f"{args.task}: SmolLM2-135M-Instruct, GRPO + ECHO",
-        ROOT / "docs" / "real_model" / f"{args.task}.png",
+        f"{label}: SmolLM2-135M-Instruct, GRPO + ECHO",
+        ROOT / "docs" / "real_model" / f"{label}.png",
     )
     print(json.dumps({k: result[k] for k in result if k not in ("evals", "phases", "untrained")}, indent=2))
     print(f"result: {dest}")

@@ -1,15 +1,17 @@
 """Build the BFCL example's data from the installed bfcl-eval package: prompt rows for RL and a supervised warm-up set.
 
     pip install --no-deps bfcl-eval==2026.3.23
-    python examples/bfcl/make_data.py              # data/bfcl/{train,eval}.jsonl and data/bfcl/sft/
+    python examples/bfcl/make_data.py              # data/bfcl/{train,train_ast,eval}.jsonl and data/bfcl/sft/
     python examples/bfcl/make_data.py --out DIR
 
 The default folder is data/bfcl under the repository root, which is where config.yaml's relative paths point when
 a command runs from the root (as every command in README.md does, and as a `ray job submit --working-dir .` job
 does). Rows and the split are `agentrl_ray.tasks.bfcl.data`'s: 928 training and 312 held-out tasks, a task held
-out when crc32(id) % 4 == 0. `sft/` is a `datasets.save_to_disk` folder of the training split's reference answers
-(`agentrl-ray sft data/bfcl/sft ...`), its tool-call arguments as JSON strings (OpenAI's wire form, what `agentrl-ray
-traces convert --format sft` writes: Arrow cannot hold arguments of differing types in one column).
+out when crc32(id) % 4 == 0. `train_ast.jsonl` is the training split without its irrelevance tasks (the four
+categories that BFCL's AST checker scores: 748 tasks), for RL that trains the calls (docs/real_model.md). `sft/` is a
+`datasets.save_to_disk` folder of the training split's reference answers (`agentrl-ray sft data/bfcl/sft ...`), its
+tool-call arguments as JSON strings (OpenAI's wire form, what `agentrl-ray traces convert --format sft` writes: Arrow
+cannot hold arguments of differing types in one column).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import json
 from pathlib import Path
 
 from agentrl_ray.messages import to_openai
-from agentrl_ray.tasks.bfcl.data import rows, sft_rows
+from agentrl_ray.tasks.bfcl.data import CATEGORIES, rows, sft_rows
 
 OUT = Path(__file__).resolve().parents[2] / "data" / "bfcl"
+AST_CATEGORIES = tuple(c for c in CATEGORIES if c != "irrelevance")  # what BFCL's AST checker scores
 
 
 def write(out_dir: Path = OUT) -> dict[str, Path]:
@@ -34,6 +37,9 @@ def write(out_dir: Path = OUT) -> dict[str, Path]:
     for split in ("train", "eval"):
         paths[split] = out_dir / f"{split}.jsonl"
         paths[split].write_text("".join(json.dumps(row) + "\n" for row in rows(split)))
+    paths["train_ast"] = out_dir / "train_ast.jsonl"
+    ast = [row for row in rows("train") if row["category"] in AST_CATEGORIES]
+    paths["train_ast"].write_text("".join(json.dumps(row) + "\n" for row in ast))
     paths["sft"] = out_dir / "sft"
     conversations = [{**r, "messages": to_openai(r["messages"])} for r in sft_rows("train")]
     Dataset.from_list(conversations).save_to_disk(str(paths["sft"]))
