@@ -75,13 +75,18 @@ def plot(records: list[dict], steps: list[dict], title: str, path: Path) -> None
 
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
     xs = [r["step"] for r in records]
-    ax[0].plot(xs, [r["eval/pass@1"] for r in records], marker="o", label="held-out pass@1")
+    # eval/<category>/pass@1 (BFCL's categories), beside eval/pass@1 over all
+    categories = sorted({k[5:-7] for k in records[0] if k.startswith("eval/") and k.endswith("/pass@1")} - {""})
+    label = "held-out pass@1" + (", all" if categories else "")
+    ax[0].plot(xs, [r["eval/pass@1"] for r in records], marker="o", label=label, linewidth=2.5)
+    for c in categories:  # BFCL's: one line per category
+        ax[0].plot(xs, [r.get(f"eval/{c}/pass@1") for r in records], marker=".", linewidth=1, label=c)
     ax[0].fill_between(
         xs, [r["eval/pass@1_ci95_lo"] for r in records], [r["eval/pass@1_ci95_hi"] for r in records], alpha=0.2
     )
     ax[0].set_xlabel("step")
     ax[0].set_title(title)
-    ax[0].legend()
+    ax[0].legend(fontsize=7)
     ax[1].plot([s["step"] for s in steps], [s.get("reward/mean", s.get("reward", 0)) for s in steps])
     ax[1].set_xlabel("step")
     ax[1].set_title("training reward (mean over samples)")
