@@ -40,7 +40,7 @@ run: install
 
 test: install
 	# llama.cpp's GGUF converter (agentrl-ray export --format gguf), from the llama-cpp-python sdist on PyPI: ~45 s
-	# once, nothing compiled, into $AGENTRL_CACHE. Fetched before the tests so that tests never download; not in
+	# once, nothing compiled, into $$AGENTRL_CACHE. Fetched before the tests so that tests never download; not in
 	# install, so that make run does not wait for it (export fetches it on first use).
 	$(BIN)/python -c "from agentrl_ray.trained.gguf_convert import ensure_converter; ensure_converter()"
 	# The unit tier (no Ray) on both cores with pytest-xdist, then the Ray and GPU tiers one test at a time (their
