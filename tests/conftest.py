@@ -108,6 +108,8 @@ def pytest_runtest_logreport(report):
     phase, outcome, test id), so that a run cut short or killed still says where its time went; --durations prints
     only at the end."""
     path = os.environ.get("AGENTRL_TEST_TIMES")
+    if getattr(report, "node", None) is not None:
+        return  # pytest-xdist's controller, given a worker's report: the worker wrote it already
     if path and report.duration >= 0.5:
         with open(path, "a") as f:
             f.write(f"{report.duration:.1f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")
