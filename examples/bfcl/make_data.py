@@ -34,12 +34,12 @@ def write(out_dir: Path = OUT) -> dict[str, Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for split in ("train", "eval"):
-        paths[split] = out_dir / f"{split}.jsonl"
-        paths[split].write_text("".join(json.dumps(row) + "\n" for row in rows(split)))
-    paths["train_ast"] = out_dir / "train_ast.jsonl"
-    ast = [row for row in rows("train") if row["category"] in AST_CATEGORIES]
-    paths["train_ast"].write_text("".join(json.dumps(row) + "\n" for row in ast))
+    train = rows("train")
+    splits = {"train": train, "eval": rows("eval")}
+    splits["train_ast"] = [row for row in train if row["category"] in AST_CATEGORIES]
+    for name, split_rows in splits.items():
+        paths[name] = out_dir / f"{name}.jsonl"
+        paths[name].write_text("".join(json.dumps(row) + "\n" for row in split_rows))
     paths["sft"] = out_dir / "sft"
     conversations = [{**r, "messages": to_openai(r["messages"])} for r in sft_rows("train")]
     Dataset.from_list(conversations).save_to_disk(str(paths["sft"]))
