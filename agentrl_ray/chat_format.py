@@ -70,6 +70,18 @@ def user_turn_segments(text: str) -> list[Segment]:
     return segments
 
 
+def observation_segments(messages: list[dict[str, str]]) -> list[Segment]:
+    """The segments of a turn-based environment's observation given as messages (`envs.base`): the tool results of
+    the assistant's calls as one user turn of `<tool_response>` blocks, then a user message (at most one, last), up
+    to the next assistant header: what the template renders for those messages after the assistant's turn."""
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    user = [m["content"] for m in messages if m["role"] == "user"]
+    if not user:
+        return tool_response_segments(results)
+    segments = tool_response_segments(results)[:-1] + [(END_OF_TURN, TokenRole.TEMPLATE)] if results else []
+    return segments + user_turn_segments(user[-1])
+
+
 def encode_segments(tokenizer, segments: list[Segment]) -> tuple[list[int], list[TokenRole]]:
     """Encode each segment on its own (no special tokens added) and return ids with a role per id."""
     ids: list[int] = []

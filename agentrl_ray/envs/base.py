@@ -18,6 +18,11 @@ unchanged:
   None, reward: float, done: bool)` instead of tools: `text` is the assistant's whole turn, `observation` becomes
   the next user message, the episode ends at `done`, and unless the env defines `reward`/`get_reward` its reward
   is the sum of its step rewards. The env host serves them through `call_turn`.
+- A turn-based environment that runs tools itself (a multi-turn benchmark whose user asks again after the
+  assistant answers: `examples/bfcl/multi_turn.py`) returns its observation as messages instead of a string: a list
+  of `{"role": "tool", "content": ...}`, one per call of the turn, in order, then at most one
+  `{"role": "user", "content": ...}` (the next question), last. Tool results are rendered as the template renders
+  tool messages (and are environment tokens, ECHO's target), the user message as a user turn.
 
 Environments are found by import path ("package.module:Class"), so users add one without editing this package
 (`loading.py`). The tools' JSON schemas and the coercion of the model's arguments are in `tools.py`; how the env host

@@ -45,7 +45,9 @@ class ToolResult:
 class TurnResult:
     """What a turn-based environment (one with `step`) answers to an assistant turn."""
 
-    observation: str | None  # the next user message; None when the environment has nothing to add
+    # The next user message (str); or tool results and user messages, in order (a list of {"role": "tool" | "user",
+    # "content": str}); None when the environment has nothing to add.
+    observation: str | list[dict[str, str]] | None
     reward: float
     done: bool
     error: bool = False
@@ -219,7 +221,11 @@ class EnvHost:
             return self._turn_error(f"step failed: {_detail(e)}")
         opened.step_reward += reward
         opened.steps += 1
-        return TurnResult(None if observation is None else self._truncate(observation), reward, done)
+        if isinstance(observation, list):
+            observation = [{"role": m["role"], "content": self._truncate(m["content"])} for m in observation]
+        elif observation is not None:
+            observation = self._truncate(observation)
+        return TurnResult(observation, reward, done)
 
     def _turn_error(self, message: str) -> TurnResult:
         self._counts["errors"] += 1
@@ -308,14 +314,31 @@ def _detail(e: Exception) -> str:
     return describe(e)
 
 
-def _checked_step(out: Any) -> tuple[str | None, float, bool]:
+OBSERVATION_ROLES = ("tool", "user")
+
+
+def _checked_step(out: Any) -> tuple[str | list[dict[str, str]] | None, float, bool]:
     if not (isinstance(out, tuple) and len(out) == 3):
         raise TypeError(f"step must return (observation, reward, done), got {out!r}")
     observation, reward, done = out
-    if observation is not None and not isinstance(observation, str):
-        raise TypeError(f"step observation must be str or None, got {type(observation).__name__}")
+    if isinstance(observation, list):
+        _check_observation_messages(observation)
+    elif observation is not None and not isinstance(observation, str):
+        raise TypeError(f"step observation must be str, a list of messages or None, got {type(observation).__name__}")
     if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
         raise TypeError(f"step reward must be a finite number, got {reward!r}")
     if not isinstance(done, bool):
         raise TypeError(f"step done must be a bool, got {type(done).__name__}")
     return observation, float(reward), done
+
+
+def _check_observation_messages(messages: list) -> None:
+    """A step's observation as messages: each {"role": "tool" | "user", "content": str}, the tool results of the
+    turn's calls first, in order, then at most one user message (the conversation's next question) last."""
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in OBSERVATION_ROLES or not isinstance(m.get("content"), str):
+            raise TypeError(
+                f"step observation[{i}] must be {{'role': 'tool' | 'user', 'content': str}}, got {m!r:.200}"
+            )
+        if m["role"] == "user" and i != len(messages) - 1:
+            raise TypeError(f"step observation[{i}]: a user message must come last (after the tool results)")

@@ -28,6 +28,7 @@ from typing import Any
 from agentrl_ray.chat_format import (
     Segment,
     encode_segments,
+    observation_segments,
     parse_tool_calls,
     tool_response_segments,
     user_turn_segments,
@@ -170,6 +171,16 @@ def _after_step(ep: Episode, result, last_turn: bool, tokenizer, cfg: RolloutCon
         return
     if last_turn:
         ep.finish_reason = "max_turns"
+        return
+    if isinstance(result.observation, list):  # tool results, then perhaps the next user message (envs.base)
+        if _append_segments(ep, observation_segments(result.observation), tokenizer, cfg):
+            text, turn = ep.messages[-1]["content"], sum(m["role"] == "assistant" for m in ep.messages) - 1
+            assistant = assistant_message(text, parse_tool_calls(text), turn)
+            tools = [m["content"] for m in result.observation if m["role"] == "tool"]
+            if tools:  # the turn's calls, structured, so that each result answers its call
+                ep.messages[-1] = assistant
+            ep.messages.extend(tool_messages(assistant, tools))
+            ep.messages.extend(m for m in result.observation if m["role"] == "user")
         return
     observation = result.observation or ""  # None: the environment has nothing to say; the user turn is empty
     if _append_segments(ep, user_turn_segments(observation), tokenizer, cfg):

@@ -126,3 +126,64 @@ def test_silent_observation_and_failing_step(tok):
     _, ep, reward = _run(tok, ["Hi.<|im_end|>"], cfg, path, {"fail": True})
     assert ep.finish_reason == "error" and (ep.num_steps, ep.num_step_errors) == (1, 1)
     assert [m["role"] for m in ep.messages] == ["assistant"] and reward is None
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_multi_turn_task_with_tools_runs_through_the_loop(tok, isolation):
+    """BFCL's multi-turn environment (examples/bfcl/multi_turn.py): tool results come back as tool messages (ENV
+    tokens, with their calls' ids), the user's next turn as a user turn, and the ground truth earns reward 1.0;
+    at `process` isolation the observation's messages cross the child's JSON pipe."""
+    pytest.importorskip("bfcl_eval")
+    from agentrl_ray.chat_format import ToolCall, observation_segments, render_tool_call
+    from agentrl_ray.tasks.bfcl import multi_turn as mt
+
+    task = next(t for t in mt.tasks_of("train", ("MathAPI",)) if len(t.turns) == 2 and all(t.ground_truth))
+    world = mt.World(task)
+    calls = [[world.resolve(c) for c in truth] for truth in task.ground_truth]
+    results = [[world.call_python(c) for c in truth] for truth in task.ground_truth]
+    turns = []
+    for turn_calls in calls:
+        turns.append("\n".join(render_tool_call(ToolCall(n, a)) for n, a in turn_calls) + "<|im_end|>")
+        turns.append("Done.<|im_end|>")
+    host = EnvHost(tool_timeout_s=30, isolation=isolation)
+    prompt = tok.encode(PROMPT_TEXT, add_special_tokens=False)
+    cfg = RolloutConfig(max_turns=6, max_tokens_per_turn=400, max_total_tokens=4000)
+
+    async def go():
+        envs = EnvClient([LocalHandle(host)], "examples.bfcl.multi_turn:BFCLMultiTurnEnv", {})
+        await envs.create([("k", mt.task_row(task))])
+        ep = Episode("k", "p", 0, list(prompt), prompt_len=len(prompt))
+        await run_episodes(
+            [ep],
+            ScriptedEngine(tok, turns),
+            envs,
+            tok,
+            cfg,
+            temperature=1.0,
+            seed=0,
+            stop_token_ids=[tok.eos_token_id],
+            timings=RolloutTimings(),
+            turn_based=True,
+        )
+        reward = await host.env_reward("k", ep.messages[-1]["content"])
+        await envs.close(["k"])
+        return ep, reward
+
+    ep, reward = asyncio.run(go())
+    assert (ep.finish_reason, reward, ep.num_steps) == ("done", 1.0, 4)
+    sampled = [tok.encode(t, add_special_tokens=False) for t in turns]
+    tools0 = encode_segments(tok, observation_segments([{"role": "tool", "content": r} for r in results[0]]))
+    user1 = encode_segments(tok, observation_segments([{"role": "user", "content": task.turns[1]}]))
+    tools1 = encode_segments(tok, observation_segments([{"role": "tool", "content": r} for r in results[1]]))
+    assert ep.ids == prompt + sampled[0] + tools0[0] + sampled[1] + user1[0] + sampled[2] + tools1[0] + sampled[3]
+    env_ids = [t for t, r in zip(ep.ids, ep.roles) if r == TokenRole.ENV]
+    assert tok.decode(env_ids) == "".join(results[0]) + task.turns[1] + "".join(results[1])
+    roles = [m["role"] for m in ep.messages]
+    assert roles == ["assistant", *["tool"] * len(results[0]), "assistant", "user"] + [
+        "assistant",
+        *["tool"] * len(results[1]),
+        "assistant",
+    ]
+    first = ep.messages[0]
+    assert [c["function"]["name"] for c in first["tool_calls"]] == [n for n, _ in calls[0]]
+    assert ep.messages[1]["tool_call_id"] == first["tool_calls"][0]["id"]
