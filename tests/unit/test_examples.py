@@ -19,6 +19,8 @@ from agentrl_ray.rewards import load_reward_functions
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p.parent for p in ROOT.glob("examples/*/config.yaml"))
 WITH_DATA = [p for p in EXAMPLES if (p / "make_data.py").is_file()]
+# An example's other configs (a variant of its task: gsm_symbolic.yaml, bfcl/multi_turn.yaml, grid/delayed.yaml).
+VARIANTS = sorted(p for p in ROOT.glob("examples/*/*.yaml") if p.name != "config.yaml")
 
 
 def _name(path: Path) -> str:
@@ -44,6 +46,16 @@ def test_config_loads_its_env_and_rewards_and_readme_says_how_to_run(example):
     readme = (example / "README.md").read_text()
     assert f"agentrl-ray train examples/{example.name}/config.yaml" in readme
     assert "profile=gpu" in readme and "ray job submit" in readme
+
+
+@pytest.mark.parametrize("config", VARIANTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_variant_configs_load_and_their_readme_says_how_to_run(config):
+    cfg = load_config(config, ["profile=cpu"])
+    load_env_class(cfg.env.name)
+    load_reward_functions(cfg.reward.functions)
+    command = f"agentrl-ray train examples/{config.parent.name}/{config.name}"
+    assert command in config.read_text(), f"{config}'s header does not show how to run it"
+    assert config.name in (config.parent / "README.md").read_text()
 
 
 @pytest.mark.parametrize("example", WITH_DATA, ids=_name)
