@@ -5,7 +5,8 @@ override sets `echo.coeff`), and evaluated on the held-out split before and afte
     python benchmarks/real_model.py bfcl                       # BFCL v4 single-turn, examples/bfcl
     python benchmarks/real_model.py gsm_tools                  # reasoning-gym with a calculator, examples/gsm_tools
     python benchmarks/real_model.py bfcl --steps 20 --sft-epochs 1 --sft-rows 400 --eval-size 160 --lora
-    python benchmarks/real_model.py gsm_tools --sft-rows 0 --data-args '--dataset gsm_symbolic'
+    python benchmarks/real_model.py gsm_tools --config examples/gsm_tools/gsm_symbolic.yaml --label gsm-symbolic \
+        --sft-rows 128 --data-args '--dataset gsm_symbolic'      # the word problems, with their own budgets
 
 Phases, each a command a user types (printed, and kept in the result's `commands`):
   1. data       python examples/<task>/make_data.py --out OUT/data
@@ -110,6 +111,12 @@ def main() -> int:
         default=None,
         help="names the result JSON and the curve (default: the task): a variant of the same task keeps its own",
     )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="the RL and evaluation config (default: examples/<task>/config.yaml; e.g. gsm_tools' gsm_symbolic.yaml, "
+        "whose turn and token budgets fit the word problems)",
+    )
     p.add_argument("--steps", type=int, default=30, help="RL steps")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--eval-size", type=int, default=None, help="held-out rows (default: the config's)")
@@ -136,7 +143,7 @@ def main() -> int:
 
     out = (Path(args.out) if args.out else ROOT / "runs" / "real_model" / args.task).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    config = f"examples/{args.task}/config.yaml"
+    config = args.config or f"examples/{args.task}/config.yaml"
     data = out / "data"
     result: dict = {
         "task": args.task,
