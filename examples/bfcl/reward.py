@@ -21,7 +21,7 @@ import json
 from typing import Any
 
 from agentrl_ray.chat_format import parse_tool_calls
-from agentrl_ray.tasks.bfcl.matcher import Verdict, check
+from agentrl_ray.tasks.bfcl.matcher import Verdict, check, credit
 
 Completion = list[dict[str, Any]] | str
 
@@ -33,6 +33,15 @@ def judge_text(text: str, functions: Any, ground_truth: Any, category: str) -> V
         return Verdict(False, f"malformed tool call: {parsed.errors[0]}")
     calls = [(c.name, c.arguments) for c in parsed.calls]
     return check(calls, _loaded(functions), _loaded(ground_truth), category)
+
+
+def credit_text(text: str, functions: Any, ground_truth: Any, category: str) -> float:
+    """`matcher.credit` of one assistant turn's text: 1.0 when BFCL's check accepts it, a malformed block 0.0."""
+    parsed = parse_tool_calls(text)
+    if parsed.errors:
+        return 0.0
+    calls = [(c.name, c.arguments) for c in parsed.calls]
+    return credit(calls, _loaded(functions), _loaded(ground_truth), category)
 
 
 def judge(completion: Completion, functions: Any, ground_truth: Any, category: str) -> Verdict:

@@ -312,3 +312,63 @@ def test_a_missing_package_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "bfcl_eval", None)
     with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps bfcl-eval==2026\.3\.23"):
         data.data_dir()
+
+
+@pytest.mark.parametrize("category", data.CATEGORIES)
+def test_partial_credit_is_one_exactly_when_valid_and_ranks_near_misses(category):
+    """`credit` (ours, a shaping reward for RL) is 1.0 on exactly the answers BFCL's rules accept, below 0.5 on every
+    other, and above 0 on a wrong answer exactly when one of its calls names an expected function."""
+    from agentrl_ray.tasks.bfcl.matcher import credit
+
+    partial = 0
+    for task in data.load_tasks(category):
+        expected = {next(iter(e)) for e in task.ground_truth}
+        for calls in [data.reference_calls(task), *perturbations(task, PER_TASK)]:
+            value = credit(calls, list(task.functions), list(task.ground_truth), task.category)
+            if _judge(task, calls).valid:
+                assert value == 1.0, (task.id, calls)
+                continue
+            assert 0.0 <= value < 0.5, (task.id, calls, value)
+            assert (value > 0) == any(name in expected for name, _ in calls), (task.id, calls, value)
+            partial += value > 0
+    # irrelevance has no expected function: a call where none is right earns nothing
+    assert (partial == 0) == (category == "irrelevance")
+
+
+def test_partial_credit_orders_answers_by_how_much_is_right():
+    from agentrl_ray.tasks.bfcl.matcher import credit
+
+    task = next(
+        t for t in data.load_tasks("parallel") if len(t.ground_truth) == 2 and len(data.reference_calls(t)[0][1]) >= 2
+    )
+    functions, truth = list(task.functions), list(task.ground_truth)
+    reference = data.reference_calls(task)
+    name, arguments = reference[0]
+    one_wrong = {**arguments, next(iter(arguments)): "surely not an allowed value"}
+    scores = [
+        credit(reference, functions, truth, task.category),  # right: 1.0
+        credit(reference[:1], functions, truth, task.category),  # one of two calls
+        credit([(name, one_wrong), reference[1]], functions, truth, task.category),  # one argument wrong
+        credit([("not_a_function", {})] * 2, functions, truth, task.category),  # another function
+        credit([], functions, truth, task.category),  # no call
+    ]
+    assert scores[0] == 1.0 and scores[3] == scores[4] == 0.0
+    assert 0 < scores[1] < 0.5 and scores[1] < scores[2] < 0.5, scores
+
+
+def test_the_environment_pays_partial_credit_only_when_asked():
+    from examples.bfcl.env import BFCLEnv
+
+    task = data.load_tasks("simple_python")[0]
+    row = data.task_row(task)
+    name, arguments = data.reference_calls(task)[0]
+    wrong = _text([(name, {k: "surely not an allowed value" for k in arguments})])
+    rewards = {}
+    for mode in ("verdict", "partial"):
+        env = BFCLEnv(reward=mode)
+        env.reset(**row)
+        rewards[mode] = (env.step(_text(data.reference_calls(task)))[1], env.step(wrong)[1])
+    assert rewards["verdict"] == (1.0, 0.0)
+    assert rewards["partial"][0] == 1.0 and 0.0 < rewards["partial"][1] < 0.5
+    with pytest.raises(ValueError, match="reward must be one of"):
+        BFCLEnv(reward="shaped")

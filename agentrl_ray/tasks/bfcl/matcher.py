@@ -120,6 +120,51 @@ def check_call(call: Call, docs: dict[str, dict], expected: dict[str, dict[str, 
     return VALID
 
 
+# ---------------------------------------------------------------- partial credit (ours, not BFCL's)
+
+
+def credit(calls: list[Call], functions: list[dict], ground_truth: list[dict], category: str) -> float:
+    """A shaping signal for RL, not a BFCL score: 1.0 exactly when `check` accepts the calls, else below 0.5, more
+    the closer the calls come. On an irrelevance task it is the verdict (a call earns nothing).
+
+    Each expected call takes, greedily in order, the not yet taken call that earns it the most: nothing for another
+    function, else (1 + its arguments that pass) / (1 + the parameters in play: required, expected or given). The
+    sum is divided by the larger of the expected and the given number of calls (an extra call costs as a missing
+    one does), then halved, so that every wrong answer stays below any right one."""
+    if check(calls, functions, ground_truth, category).valid:
+        return 1.0
+    if category == NO_CALL or not calls or not ground_truth:
+        return 0.0
+    docs = {f["name"]: f for f in functions}
+    taken: set[int] = set()
+    earned = 0.0
+    for expected in ground_truth:
+        scores = [(call_credit(c, docs, expected), i) for i, c in enumerate(calls) if i not in taken]
+        best, index = max(scores, default=(0.0, -1))
+        if best > 0:
+            taken.add(index)
+            earned += best
+    return 0.5 * earned / max(len(calls), len(ground_truth))
+
+
+def call_credit(call: Call, docs: dict[str, dict], expected: dict[str, dict[str, list]]) -> float:
+    """How much of one expected call a call gets right, in [0, 1] (`credit`): 0 for another function."""
+    ((want, allowed),) = expected.items()
+    name, arguments = call
+    if name != want or want not in docs:
+        return 0.0
+    params = docs[want]["parameters"]
+    properties = params["properties"]
+    in_play = set(params.get("required", ())) | set(allowed) | set(arguments)
+    right = 0
+    for param in in_play:
+        if param not in arguments:
+            right += param in allowed and OPTIONAL in allowed[param] and param not in params.get("required", ())
+        elif param in properties and param in allowed:
+            right += not _check_value(arguments[param], properties[param], allowed[param])
+    return (1 + right) / (1 + len(in_play))
+
+
 def normalize(text: str) -> str:
     """BFCL's string comparison form: without spaces and ,./-_*^, lowercased, ' read as "."""
     return text.translate(_DROPPED).lower().replace("'", '"')
