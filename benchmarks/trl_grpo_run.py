@@ -100,6 +100,21 @@ def gsm_step_rows(train_jsonl: Path, steps: int, per_step: int, seed: int) -> li
     return [row for s in range(steps) for row in sampler.for_step(s)]
 
 
+def same_schema_calculator_env():
+    """CalculatorEnv as TRL's environment_factory, its tool's schema exactly ours: TRL (transformers'
+    `get_json_schema`) adds `"return": {"type": "string"}` for the method's return annotation, which our schemas
+    leave out. A template that renders the whole schema (SmolLM2's, from builtin/chat_template.py) would then show
+    TRL's side another prompt than the one the warm start was trained on."""
+    from agentrl_ray.envs.builtin.calculator import CalculatorEnv
+
+    class SameSchemaCalculatorEnv(CalculatorEnv):
+        def calculator(self, expression: str):  # noqa: ANN201 - no return annotation: see above
+            return super().calculator(expression)
+
+    SameSchemaCalculatorEnv.calculator.__doc__ = CalculatorEnv.calculator.__doc__
+    return SameSchemaCalculatorEnv
+
+
 def decoded_answer_match(tokenizer):
     """Our `answer_match` on the completion decoded with special tokens kept, as our rollout decodes it.
 
@@ -190,10 +205,12 @@ def build_trainer(args: argparse.Namespace, model_path: Path, clock):
         rows = step_rows(args.steps, args.prompts, args.seed)
     extra: dict = {}
     if args.task == "gsm":
+        from agentrl_ray.infra.user_code import add_user_code_paths
         from agentrl_ray.rewards import load_reward_functions
 
-        extra = {"environment_factory": CalculatorEnv}
-        # resolved as our side resolves the config's reward.functions (from the working directory)
+        extra = {"environment_factory": same_schema_calculator_env()}
+        # resolved as our side resolves the config's reward.functions (the working directory, the config's folder)
+        add_user_code_paths(GSM_CONFIG)
         [reward] = load_reward_functions(["examples.gsm_tools.reward:rg_score"])
     elif args.task == "single":
         tools = calculator_tools()
