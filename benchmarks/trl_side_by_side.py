@@ -115,7 +115,12 @@ def run_trl(s: Settings, task: str, rep: int) -> dict:
     out.mkdir(parents=True)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "trl_grpo_run.py"), "--task", task, "--out", str(out)]
     cmd += ["--steps", str(s.steps), "--prompts", str(s.prompts), "--group", str(s.group), "--lr", str(s.lr)]
-    cmd += ["--max-completion", str(s.max_completion), "--max-turns", str(s.max_turns if task == "tool" else 1)]
+    cmd += [
+        "--max-completion",
+        str(s.max_completion),
+        "--max-turns",
+        str(s.max_turns if task in ("tool", "gsm") else 1),
+    ]
     cmd += ["--micro-batch", str(s.micro_batch), "--seed", str(s.seed), "--threads", str(s.threads)]
     cmd += ["--model-size", s.model] + (["--bf16"] if s.bf16 else []) + (["--lora"] if s.lora else [])
     if task == "gsm":
