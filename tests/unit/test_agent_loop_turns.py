@@ -42,9 +42,11 @@ def tok(builtin_model_path):
     return AutoTokenizer.from_pretrained(builtin_model_path)
 
 
-def _run(tok, turns, cfg, env_path=SCRIPTED, row=ROW):
-    host = EnvHost(tool_timeout_s=5)
-    prompt = tok.encode(PROMPT_TEXT, add_special_tokens=False)
+def run_turn_based(tok, turns, cfg, env_path=SCRIPTED, row=ROW, isolation="thread", prompt_text=PROMPT_TEXT):
+    """One episode of the scripted `turns` against the real EnvHost (in-process) holding `env_path` for `row`:
+    (prompt ids, the episode, the environment's reward). Also used by test_env_adapters.py."""
+    host = EnvHost(tool_timeout_s=30, isolation=isolation)
+    prompt = tok.encode(prompt_text, add_special_tokens=False)
 
     async def go():
         envs = EnvClient([LocalHandle(host)], env_path, {})
@@ -62,7 +64,9 @@ def _run(tok, turns, cfg, env_path=SCRIPTED, row=ROW):
             timings=RolloutTimings(),
             turn_based=True,
         )
-        return ep, await host.env_reward("k", ep.messages[-1]["content"])
+        reward = await host.env_reward("k", ep.messages[-1]["content"])
+        await envs.close(["k"])
+        return ep, reward
 
     return prompt, *asyncio.run(go())
 
@@ -70,7 +74,7 @@ def _run(tok, turns, cfg, env_path=SCRIPTED, row=ROW):
 def test_observations_become_user_turns_with_exact_tokens_and_roles(tok):
     turns = ["Hello there!<|im_end|>", "The sky is blue.<|im_end|>", "It is Lyon.<|im_end|>"]
     cfg = RolloutConfig(max_turns=5, max_tokens_per_turn=64, max_total_tokens=400)
-    prompt, ep, reward = _run(tok, turns, cfg)
+    prompt, ep, reward = run_turn_based(tok, turns, cfg)
     sampled = [tok.encode(t, add_special_tokens=False) for t in turns]
     obs = [encode_segments(tok, user_turn_segments(u)) for u in ROW["user_turns"]]
     assert ep.ids == prompt + sampled[0] + obs[0][0] + sampled[1] + obs[1][0] + sampled[2]
@@ -96,19 +100,19 @@ def test_observations_become_user_turns_with_exact_tokens_and_roles(tok):
 def test_budgets_end_turn_based_episodes(tok):
     turns = ["Hello there!<|im_end|>"]
     # The environment still wants a third turn: every turn was shown to it, the last one's reward counts.
-    _, ep, reward = _run(tok, turns, RolloutConfig(max_turns=2, max_tokens_per_turn=64, max_total_tokens=400))
+    _, ep, reward = run_turn_based(tok, turns, RolloutConfig(max_turns=2, max_tokens_per_turn=64, max_total_tokens=400))
     assert ep.finish_reason == "max_turns" and ep.num_steps == 2
     assert [m["role"] for m in ep.messages] == ["assistant", "user", "assistant"]
     assert reward == 2 / 3
     # A turn cut by the per-turn budget is never sent to the environment.
-    _, ep, reward = _run(tok, turns, RolloutConfig(max_turns=2, max_tokens_per_turn=3, max_total_tokens=400))
+    _, ep, reward = run_turn_based(tok, turns, RolloutConfig(max_turns=2, max_tokens_per_turn=3, max_total_tokens=400))
     assert ep.finish_reason == "length" and ep.num_steps == 0 and ep.roles.count(TokenRole.ACTION) == 3
     assert reward is None  # no step ran: the environment has no reward to give
     # No room for the observation and one more token.
     n_prompt = len(tok.encode(PROMPT_TEXT, add_special_tokens=False))
     n_turn = len(tok.encode(turns[0], add_special_tokens=False))
     cfg = RolloutConfig(max_turns=3, max_tokens_per_turn=n_turn, max_total_tokens=n_prompt + n_turn + 5)
-    _, ep, _ = _run(tok, turns, cfg)
+    _, ep, _ = run_turn_based(tok, turns, cfg)
     assert ep.finish_reason == "length" and ep.num_steps == 1 and ep.roles.count(TokenRole.ENV) == 0
     assert [m["role"] for m in ep.messages] == ["assistant"]
 
@@ -117,13 +121,13 @@ def test_silent_observation_and_failing_step(tok):
     cfg = RolloutConfig(max_turns=3, max_tokens_per_turn=64, max_total_tokens=400)
     path = f"{__name__}:QuietOrFailingEnv"
     # Observation None: an empty user turn (template tokens only), and the episode goes on.
-    prompt, ep, reward = _run(tok, ["Hi.<|im_end|>"], cfg, path, {"fail": False})
+    prompt, ep, reward = run_turn_based(tok, ["Hi.<|im_end|>"], cfg, path, {"fail": False})
     turn = tok.encode("Hi.<|im_end|>", add_special_tokens=False)
     empty_user = encode_segments(tok, user_turn_segments(""))[0]
     assert ep.ids == prompt + (turn + empty_user) * 2 + turn
     assert ep.roles.count(TokenRole.ENV) == 0 and ep.finish_reason == "max_turns" and reward == 0.75
     # A failing step ends the episode and counts as a tool error; the conversation still ends with the assistant.
-    _, ep, reward = _run(tok, ["Hi.<|im_end|>"], cfg, path, {"fail": True})
+    _, ep, reward = run_turn_based(tok, ["Hi.<|im_end|>"], cfg, path, {"fail": True})
     assert ep.finish_reason == "error" and (ep.num_steps, ep.num_step_errors) == (1, 1)
     assert [m["role"] for m in ep.messages] == ["assistant"] and reward is None
 
@@ -145,31 +149,9 @@ def test_a_multi_turn_task_with_tools_runs_through_the_loop(tok, isolation):
     for turn_calls in calls:
         turns.append("\n".join(render_tool_call(ToolCall(n, a)) for n, a in turn_calls) + "<|im_end|>")
         turns.append("Done.<|im_end|>")
-    host = EnvHost(tool_timeout_s=30, isolation=isolation)
-    prompt = tok.encode(PROMPT_TEXT, add_special_tokens=False)
     cfg = RolloutConfig(max_turns=6, max_tokens_per_turn=400, max_total_tokens=4000)
-
-    async def go():
-        envs = EnvClient([LocalHandle(host)], "examples.bfcl.multi_turn:BFCLMultiTurnEnv", {})
-        await envs.create([("k", mt.task_row(task))])
-        ep = Episode("k", "p", 0, list(prompt), prompt_len=len(prompt))
-        await run_episodes(
-            [ep],
-            ScriptedEngine(tok, turns),
-            envs,
-            tok,
-            cfg,
-            temperature=1.0,
-            seed=0,
-            stop_token_ids=[tok.eos_token_id],
-            timings=RolloutTimings(),
-            turn_based=True,
-        )
-        reward = await host.env_reward("k", ep.messages[-1]["content"])
-        await envs.close(["k"])
-        return ep, reward
-
-    ep, reward = asyncio.run(go())
+    env = "examples.bfcl.multi_turn:BFCLMultiTurnEnv"
+    prompt, ep, reward = run_turn_based(tok, turns, cfg, env, mt.task_row(task), isolation)
     assert (ep.finish_reason, reward, ep.num_steps) == ("done", 1.0, 4)
     sampled = [tok.encode(t, add_special_tokens=False) for t in turns]
     tools0 = encode_segments(tok, observation_segments([{"role": "tool", "content": r} for r in results[0]]))

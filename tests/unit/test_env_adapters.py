@@ -3,19 +3,15 @@ unchanged, through the real EnvHost (in-process and in env children) and the rea
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 import pytest
-from test_agent_loop import LocalHandle, ScriptedEngine
+from test_agent_loop_turns import run_turn_based
 
 from agentrl_ray.chat_format import encode_segments, observation_segments
 from agentrl_ray.config import RolloutConfig
 from agentrl_ray.envs.adapters.skyrl_gym import SkyRLGymEnv
-from agentrl_ray.envs.client import EnvClient
-from agentrl_ray.envs.host import EnvHost
-from agentrl_ray.rollout.agent_loop import Episode, run_episodes
-from agentrl_ray.types import RolloutTimings, TokenRole
+from agentrl_ray.types import TokenRole
 
 skyrl_gym = pytest.importorskip("skyrl_gym")
 
@@ -43,31 +39,9 @@ def test_skyrl_gsm8k_multi_turn_runs_unchanged_through_the_loop(tok, isolation):
     """SkyRL's gsm8k_multi_turn: a wrong answer earns its format score and its next user turn (environment tokens),
     the right one 1.0 and the end; the episode's reward is the sum of the turns'."""
     turns = ["I think 41. #### 41<|im_end|>", "#### 42<|im_end|>"]
-    host = EnvHost(tool_timeout_s=30, isolation=isolation)
-    prompt = tok.encode(PROMPT_TEXT, add_special_tokens=False)
     cfg = RolloutConfig(max_turns=4, max_tokens_per_turn=64, max_total_tokens=600)
-
-    async def go():
-        envs = EnvClient([LocalHandle(host)], ADAPTER, {})  # no id: the row's env_class names it, as in SkyRL
-        await envs.create([("k", ROW)])
-        ep = Episode("k", "q0", 0, list(prompt), prompt_len=len(prompt))
-        await run_episodes(
-            [ep],
-            ScriptedEngine(tok, turns),
-            envs,
-            tok,
-            cfg,
-            temperature=1.0,
-            seed=0,
-            stop_token_ids=[tok.eos_token_id],
-            timings=RolloutTimings(),
-            turn_based=True,
-        )
-        reward = await host.env_reward("k", ep.messages[-1]["content"])
-        await envs.close(["k"])
-        return ep, reward
-
-    ep, reward = asyncio.run(go())
+    # no env.kwargs.id: the row's env_class names it, as in SkyRL
+    prompt, ep, reward = run_turn_based(tok, turns, cfg, ADAPTER, ROW, isolation, PROMPT_TEXT)
     # SkyRL's own numbers: 1.0 for the right answer, 0.2 / max_turns for a well-formatted wrong one
     assert ep.finish_reason == "done" and reward == pytest.approx(1.0 + 0.2 / 3)
     follow_up = skyrl_gym.make("gsm8k_multi_turn", env_config={}, extras=ROW)
