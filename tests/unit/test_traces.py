@@ -191,3 +191,48 @@ def test_sft_warm_start_trains_and_saves_a_loadable_model(tmp_path, builtin_mode
     assert summary["rows"] == 3 and summary["steps"] == 1
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "out") is not None
     assert AutoTokenizer.from_pretrained(tmp_path / "out").chat_template is not None
+
+
+def test_sft_head_scores_only_the_completion_with_the_same_loss_and_gradients(builtin_model_path):
+    """`completion_positions_only`: TRL's fused head on CPU sees only the labelled rows, and nothing it computes
+    changes (the loss and every gradient), so the warm start is the same, only faster."""
+    import torch
+    import trl.trainer.utils as trl_utils
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    from agentrl_ray.traces.sft import completion_positions_only
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(builtin_model_path)
+    add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
+    ids = torch.randint(0, model.config.vocab_size, (2, 24))
+    labels = ids.clone()
+    labels[:, :18] = -100  # a long prompt, a short completion: 2 x 6 labelled next-token positions
+    seen = []
+    apply = trl_utils._ChunkedLogProbFunction.apply
+
+    def spy(hidden, *args):
+        seen.append(hidden.shape[0])
+        return apply(hidden, *args)
+
+    def run():
+        model.zero_grad()
+        out = model(input_ids=ids, labels=labels, fused_lm_head=True)
+        out.loss.backward()
+        return out, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    trl_utils._ChunkedLogProbFunction.apply = spy
+    try:
+        every, every_grads = run()
+        with completion_positions_only():
+            compact, compact_grads = run()
+        assert trl_utils._use_triton(torch.device("cpu")) is False  # restored on exit
+    finally:
+        trl_utils._ChunkedLogProbFunction.apply = apply
+    assert seen == [2 * 23, 2 * 6]
+    torch.testing.assert_close(compact.loss, every.loss)
+    torch.testing.assert_close(compact.entropy, every.entropy)
+    assert torch.equal(compact.is_top1, every.is_top1)
+    for a, b in zip(compact_grads, every_grads, strict=True):
+        torch.testing.assert_close(a, b)
