@@ -13,8 +13,8 @@ tokenizer) that `model.path` accepts.
 from __future__ import annotations
 
 import argparse
-import json
 import contextlib
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
