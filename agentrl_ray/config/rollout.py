@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agentrl_ray.config.checking import check_resources, need
+from agentrl_ray.config.checking import ConfigError, check_resources, need
 
 
 @dataclass
@@ -119,6 +119,9 @@ class EnvConfig:
     """Import path package.module:Class of the TRL-style environment (its public methods are the tools)."""
     tools: list[str] = field(default_factory=list)
     """Plain functions added as tools ("package.module:function"); with env.name "" they are the only tools."""
+    mcp_servers: list[dict[str, Any]] = field(default_factory=list)
+    """MCP tool servers whose tools are added: {command, args, env, cwd} (stdio, one per trajectory) or {url}
+    (Streamable HTTP). Their list_tools gives the schemas; docs/environments.md."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the environment's constructor."""
     num_actors: int = 1
@@ -156,11 +159,26 @@ class EnvConfig:
         need(self.agent_timeout_s > 0, "env.agent_timeout_s must be > 0")
         need(self.agent_processes >= 1, "env.agent_processes must be at least 1")
         need(
-            bool(self.agent) or ":" in self.name or (self.name == "" and bool(self.tools)),
-            f"env.name {self.name!r} must be an import path 'package.module:Class' (or \"\" with env.tools)",
+            bool(self.agent) or ":" in self.name or (self.name == "" and bool(self.tools or self.mcp_servers)),
+            f"env.name {self.name!r} must be an import path 'package.module:Class' (or \"\" with env.tools or "
+            "env.mcp_servers)",
         )
         for i, tool in enumerate(self.tools):
             need(":" in tool, f"env.tools[{i}] {tool[:60]!r} must be an import path 'package.module:function'")
+        self.tool_specs()
+
+    def tool_specs(self) -> tuple[str, ...]:
+        """What `envs.loading.env_class` adds to env.name's class: env.tools, then each of env.mcp_servers as
+        "mcp:{json}" (checked here: a malformed entry is a ConfigError naming it)."""
+        from agentrl_ray.envs.adapters.mcp_tools import server_spec
+
+        servers = []
+        for i, entry in enumerate(self.mcp_servers):
+            try:
+                servers.append(server_spec(entry, f"env.mcp_servers[{i}]"))
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        return (*self.tools, *servers)
 
 
 @dataclass

@@ -14,6 +14,8 @@ from typing import Any
 from agentrl_ray.envs.base import RESERVED_METHODS, Environment
 from agentrl_ray.envs.tools import tool_functions, tool_schemas
 
+MCP_PREFIX = "mcp:"  # envs/adapters/mcp_tools.PREFIX, without importing the adapter where no server is named
+
 BY_VALUE = "pickled:"  # a config value holding the object itself (see `object_spec`)
 
 
@@ -80,14 +82,18 @@ def load_env_class(path: str) -> type:
 
 @functools.lru_cache(maxsize=64)
 def env_class(name: str, tools: tuple[str, ...] = ()) -> type:
-    """The environment a config describes: `env.name`'s class with the plain functions of `env.tools` added as
-    tools, or, with an empty name, an environment of only those functions. A function tool gets its JSON schema
-    from its signature and docstring, like a method."""
+    """The environment a config describes: `env.name`'s class with the plain functions of `env.tools` and the tools
+    of the MCP servers of `env.mcp_servers` (entries "mcp:{...}", `EnvConfig.tool_specs`) added as tools, or, with
+    an empty name, an environment of only those. A function tool gets its JSON schema from its signature and
+    docstring, like a method; an MCP tool the schema its server lists (envs/adapters/mcp_tools.py)."""
     base = load_env_class(name) if name else Environment
     if not tools:
         return base
+    servers = tuple(t for t in tools if t.startswith(MCP_PREFIX))
     added: dict[str, Any] = {}
     for spec in tools:
+        if spec in servers:
+            continue
         fn = import_object(spec, "tool")
         if not inspect.isfunction(fn):
             raise TypeError(f"tool {fn!r} must be a plain function (def or async def), got {type(fn).__name__}")
@@ -95,6 +101,38 @@ def env_class(name: str, tools: tuple[str, ...] = ()) -> type:
         if fn.__name__ in taken or fn.__name__.startswith("_"):
             raise ValueError(f"tool {fn.__name__!r}: the name is taken (or private) in environment {name or 'tools'}")
         added[fn.__name__] = staticmethod(fn)
+    if servers:
+        from agentrl_ray.envs.adapters import mcp_tools
+
+        for tool, method in mcp_tools.server_methods(servers).items():
+            if tool in added or tool in tool_functions(base) or tool in RESERVED_METHODS:
+                raise ValueError(f"MCP tool {tool!r}: the name is taken in environment {name or 'tools'}")
+            added[tool] = method
+        added["close"] = _closing_mcp(getattr(base, "close", None))
     cls = type(f"{base.__name__}WithTools", (base,), added)
     tool_schemas(cls)
     return cls
+
+
+def _closing_mcp(base_close: Any) -> Any:
+    """`close` that ends the trajectory's MCP sessions (stopping their stdio servers), then runs the base's own."""
+    from agentrl_ray.envs.adapters.mcp_tools import close_connections
+
+    if inspect.iscoroutinefunction(base_close):
+
+        async def close_async(self: Any) -> None:
+            try:
+                close_connections(self)
+            finally:
+                await base_close(self)
+
+        return close_async
+
+    def close(self: Any) -> None:
+        try:
+            close_connections(self)
+        finally:
+            if callable(base_close):
+                base_close(self)
+
+    return close

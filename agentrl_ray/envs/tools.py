@@ -48,7 +48,11 @@ def tool_parameters(fn: Callable, owner: type | None = None) -> list[inspect.Par
 
 
 def function_schema(fn: Callable, owner: type | None = None) -> dict:
-    """`{"type": "function", "function": {name, description, parameters}}` from the signature and docstring."""
+    """`{"type": "function", "function": {name, description, parameters}}` from the signature and docstring, or the
+    schema a tool carries as `__tool_schema__` (an MCP server's tool: envs/adapters/mcp_tools.py)."""
+    given = getattr(fn, "__tool_schema__", None)
+    if given is not None:
+        return given
     where = f"{owner.__name__}.{fn.__name__}" if owner else fn.__name__
     doc = docstring_parser.parse(inspect.getdoc(fn) or "")
     description = "\n\n".join(d for d in (doc.short_description, doc.long_description) if d)

@@ -57,7 +57,7 @@ class RunWatch:
             from agentrl_ray.envs.loading import env_class
             from agentrl_ray.envs.tools import tool_schemas
 
-            self.tools = tool_schemas(env_class(self.cfg.env.name, tuple(self.cfg.env.tools)))
+            self.tools = tool_schemas(env_class(self.cfg.env.name, self.cfg.env.tool_specs()))
         kept = groups[: max(keep, sample)]
         records = group_records(kept, step, self.rows_by_id, self.tools)
         self.log.rollouts(step, records, sum(len(g.trajectories) for g in kept[:sample]))

@@ -60,12 +60,12 @@ class RolloutWorker:
         self.index = index
         self.cfg = cfg
         self.reward_cfg = reward_cfg
-        self.envs = EnvClient(env_hosts, env_cfg.name, env_cfg.kwargs, tuple(env_cfg.tools))
+        self.envs = EnvClient(env_hosts, env_cfg.name, env_cfg.kwargs, env_cfg.tool_specs())
         self.model_path = model_path
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         if self.tokenizer.eos_token_id is None:
             raise ValueError(f"the tokenizer of {model_path} has no eos token: turns could never end")
-        env_class = make_env_class(env_cfg.name, tuple(env_cfg.tools))
+        env_class = make_env_class(env_cfg.name, env_cfg.tool_specs())
         self.tools = tool_schemas(env_class)
         # Decided once from the class: a turn-based environment (it defines step) talks in user turns, not tools.
         self.turn_based = callable(getattr(env_class, "step", None))

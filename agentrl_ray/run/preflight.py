@@ -45,7 +45,9 @@ def resolve_user_code(cfg: Config) -> None:
         _resolve("env.name", load_env_class, cfg.env.name)
     for i, spec in enumerate(cfg.env.tools):
         _resolve(f"env.tools[{i}]", import_object, spec, "tool")
-    cls = _resolve("env.tools", env_class, cfg.env.name, tuple(cfg.env.tools))  # names that clash, non-functions
+    # names that clash, non-functions, an MCP server that does not start or lists nothing
+    key = "env.mcp_servers" if cfg.env.mcp_servers else "env.tools"
+    cls = _resolve(key, env_class, cfg.env.name, cfg.env.tool_specs())
     check_env_kwargs(cls, cfg.env.kwargs, cfg.env.name)
     for i, name in enumerate(cfg.reward.functions):
         _resolve(f"reward.functions[{i}]", load_reward_functions, [name])
@@ -83,7 +85,7 @@ def check(cfg: Config, model_path: str, train_rows: list[dict], eval_rows: list[
     for key, spec, rows in datasets:
         if not rows:
             raise ConfigError(f"{key} {spec!r} has no rows: nothing to train or evaluate on")
-    env_class = make_env_class(cfg.env.name, tuple(cfg.env.tools))  # the class the env hosts build
+    env_class = make_env_class(cfg.env.name, cfg.env.tool_specs())  # the class the env hosts build
     check_env_kwargs(env_class, cfg.env.kwargs, cfg.env.name)
     reward_funcs = load_reward_functions(cfg.reward.functions)
     tokenizer = tokenizer or load_tokenizer(model_path)

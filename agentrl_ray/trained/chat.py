@@ -120,4 +120,4 @@ def _tools(agent: Agent) -> list[dict]:
     from agentrl_ray.envs.loading import env_class
     from agentrl_ray.envs.tools import tool_schemas
 
-    return tool_schemas(env_class(agent.cfg.env.name, tuple(agent.cfg.env.tools)))
+    return tool_schemas(env_class(agent.cfg.env.name, agent.cfg.env.tool_specs()))

@@ -75,7 +75,7 @@ def _modelfile(ckpt: Checkpoint, gguf_name: str) -> str:
 
     cfg = ckpt.config()
     tokenizer = AutoTokenizer.from_pretrained(ckpt.weights)
-    tools = tool_schemas(env_class(cfg.env.name, tuple(cfg.env.tools)))
+    tools = tool_schemas(env_class(cfg.env.name, cfg.env.tool_specs()))
     r = cfg.rollout
     return modelfile(
         gguf_name,

@@ -95,3 +95,18 @@ def test_a_hostile_user_environment_costs_only_its_own_trajectories(builtin_mode
     assert calls > 0 and max(errors) > 0  # the model did call the hostile tool, and its misdeeds became errors
     assert stats["children_died"] + stats["children_killed"] > 0  # crashes and hangs, contained per child
     assert stats["open"] == 0 and stats["children_alive"] == 0  # every trajectory's child gone at the end
+
+
+def test_tools_from_an_mcp_server_train_as_the_built_in_ones(builtin_model_path, tmp_path, own_ray):
+    """examples/mcp_calculator as its header runs it, shortened: every trajectory's calculator is a real MCP server
+    (the SDK's MCPServer over stdio, started in the trajectory's env child); the model's calls reach it, its
+    answers are the environment tokens, and the run trains on them."""
+    cfg = load_config(
+        str(ROOT / "examples" / "mcp_calculator" / "config.yaml"),
+        [*TINY_RUN, "run.steps=2", f"run.output_dir={tmp_path}", "run.name=mcp"],
+    )
+    train(cfg)
+    steps = _steps(cfg)
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["rollout/tool_calls_per_traj"] > 0 and r["rollout/env_tokens"] > 0 for r in steps)
+    assert all(r["rollout/tool_error_rate"] < 1.0 for r in steps)  # answers come back, not only errors
