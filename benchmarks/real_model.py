@@ -36,9 +36,9 @@ from results_path import default_out  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 MODEL = "builtin:smollm2-135m-instruct"
-# The warm start's size per task, as measured (docs/real_model.md): BFCL's 256 of 928 conversations (32 steps, ~40
-# min here); chain_sum's 32 of 512, which teach the call's form but not the tool's name: after 64, 48 of 48 held-out
-# questions were answered right, which would leave RL nothing to show.
+# The warm start's size per task, as measured (docs/real_model.md): BFCL's 256 of 928 conversations (32 steps, ~14
+# min here since round 23, ~38 before); chain_sum's 32 of 512, which teach the call's form but not the tool's name:
+# after 64, 48 of 48 held-out questions were answered right, which would leave RL nothing to show.
 SFT_ROWS = {"bfcl": 256, "gsm_tools": 32}
 
 

@@ -42,14 +42,16 @@ def tok(builtin_model_path):
     return AutoTokenizer.from_pretrained(builtin_model_path)
 
 
-def run_turn_based(tok, turns, cfg, env_path=SCRIPTED, row=ROW, isolation="thread", prompt_text=PROMPT_TEXT):
+def run_turn_based(
+    tok, turns, cfg, env_path=SCRIPTED, row=ROW, isolation="thread", prompt_text=PROMPT_TEXT, env_kwargs=None
+):
     """One episode of the scripted `turns` against the real EnvHost (in-process) holding `env_path` for `row`:
     (prompt ids, the episode, the environment's reward). Also used by test_env_adapters.py."""
     host = EnvHost(tool_timeout_s=30, isolation=isolation)
     prompt = tok.encode(prompt_text, add_special_tokens=False)
 
     async def go():
-        envs = EnvClient([LocalHandle(host)], env_path, {})
+        envs = EnvClient([LocalHandle(host)], env_path, env_kwargs or {})
         await envs.create([("k", row)])
         ep = Episode("k", "p", 0, list(prompt), prompt_len=len(prompt))
         await run_episodes(

@@ -1,5 +1,6 @@
-"""Environments of other libraries behind our contract (agentrl_ray/envs/adapters/): SkyRL Gym's own environments,
-unchanged, through the real EnvHost (in-process and in env children) and the real multi-turn loop."""
+"""Environments of other libraries behind our contract (agentrl_ray/envs/adapters/): SkyRL Gym's own environments and
+TextArena's own games, unchanged, through the real EnvHost (in-process and in env children) and the real multi-turn
+loop."""
 
 from __future__ import annotations
 
@@ -124,3 +125,43 @@ def test_errors_name_the_problem(monkeypatch):
     monkeypatch.setitem(sys.modules, "skyrl_gym", None)
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'agentrl_ray\[envs\]'"):
         SkyRLGymEnv(id="gsm8k")
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_textarena_game_plays_through_the_loop_and_pays_its_win(tok, isolation):
+    """TextArena's GuessTheNumber from its raw registration: each guess is a turn, the game's hints are the next user
+    turns (environment tokens, without the echo of the guess), and the win is the episode's reward."""
+    from agentrl_ray.envs.adapters.textarena import TextArenaEnv
+
+    row = {"id": "g1", "prompt": "Play."}
+    probe = TextArenaEnv("GuessTheNumber-v0")
+    probe.reset(**row)
+    guesses, hints, lo, hi = [], [], 1, 20
+    while True:  # binary search on the game itself: the turns a player that reads the hints would take
+        guesses.append(f"My guess is [{(lo + hi) // 2}].")
+        hint, reward, done = probe.step(guesses[-1])
+        if done:
+            break
+        hints.append(hint)
+        lo, hi = ((lo + hi) // 2 + 1, hi) if "higher" in hint else (lo, (lo + hi) // 2 - 1)
+    assert reward == 1.0 and len(guesses) >= 2 and all("[" not in h for h in hints)
+    turns = [g + "<|im_end|>" for g in guesses]
+    cfg = RolloutConfig(max_turns=12, max_tokens_per_turn=32, max_total_tokens=800)
+    adapter = "agentrl_ray.envs.adapters.textarena:TextArenaEnv"
+    prompt, ep, got = run_turn_based(
+        tok, turns, cfg, adapter, row, isolation, PROMPT_TEXT, env_kwargs={"id": "GuessTheNumber-v0"}
+    )
+    assert ep.finish_reason == "done" and got == 1.0
+    assert [m["role"] for m in ep.messages] == ["assistant", "user"] * len(hints) + ["assistant"]
+    assert [m["content"] for m in ep.messages if m["role"] == "user"] == hints
+    env_text = tok.decode([t for t, r in zip(ep.ids, ep.roles) if r == TokenRole.ENV])
+    assert all(h in env_text for h in hints)
+
+
+def test_textarena_refuses_what_it_cannot_play():
+    from agentrl_ray.envs.adapters.textarena import TextArenaEnv
+
+    with pytest.raises(ValueError, match="not a registered TextArena game"):
+        TextArenaEnv("NoSuchGame-v0")
+    with pytest.raises(ValueError, match="not a single-player game: self-play is not adapted yet"):
+        TextArenaEnv("TicTacToe-v0").reset(id="x")
