@@ -37,6 +37,7 @@ class Choice:
     finish_reason: str  # OpenAI's: "stop", "length" or "tool_calls"
     message: Message  # the reply's message in TRL form (tool-call arguments as dicts)
     ended_turn: bool  # the last id is the end-of-turn token: a later call can continue these ids
+    stop: str | None = None  # the stop string that cut the completion, if one did
 
 
 @dataclass

@@ -96,6 +96,7 @@ class Endpoint:
         app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._http_chat, methods=["POST"]),
+                Route("/v1/messages", self._http_messages, methods=["POST"]),
                 Route("/v1/models", self._http_models, methods=["GET"]),
             ]
         )
@@ -132,7 +133,7 @@ class Endpoint:
         from starlette.responses import JSONResponse, StreamingResponse
 
         try:
-            session = self.sessions.get(request.headers.get("authorization", "").removeprefix("Bearer ").strip())
+            session = self._session(request)
             if session is None:
                 raise ApiError(401, "unknown API key: each trajectory gets its own", "invalid_api_key")
             try:
@@ -146,6 +147,37 @@ class Endpoint:
         if body.get("stream"):
             return StreamingResponse(_sse(answer), media_type="text/event-stream")
         return JSONResponse(answer)
+
+    def _session(self, request) -> Session | None:
+        """The trajectory a request's key names: a Bearer token (OpenAI's clients) or `x-api-key` (Anthropic's)."""
+        key = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        return self.sessions.get(key or request.headers.get("x-api-key", "").strip())
+
+    async def _http_messages(self, request):
+        """Anthropic's Messages API, served as the chat-completions request it means (endpoint/anthropic.py)."""
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        from agentrl_ray.rollout.endpoint import anthropic
+
+        try:
+            session = self._session(request)
+            if session is None:
+                raise ApiError(401, "unknown API key: each trajectory gets its own", "authentication_error")
+            try:
+                body = await request.json()
+                chat_body = anthropic.chat_request(body)
+            except json.JSONDecodeError as e:
+                raise ApiError(400, f"request body is not JSON: {e}", "invalid_json") from None
+            except anthropic.DialectError as e:
+                raise ApiError(400, str(e), "invalid_request_error") from None
+            answer = await self.chat(session, chat_body)
+        except ApiError as e:
+            kind = {401: "authentication_error", 500: "api_error"}.get(e.status, "invalid_request_error")
+            return JSONResponse(anthropic.error_body(kind, e.message), status_code=e.status)
+        message = anthropic.messages_answer(answer, session.calls[-1].choices[0].stop)
+        if body.get("stream"):
+            return StreamingResponse(anthropic.event_stream(message), media_type="text/event-stream")
+        return JSONResponse(message)
 
     # ---------------------------------------------------------------- one call
 
@@ -204,9 +236,10 @@ class Endpoint:
         ids, logprobs = list(gen.token_ids), list(gen.logprobs)
         finish = gen.finish_reason
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        hit = [text.find(s) for s in stops if s and s in text]
+        hit = sorted((text.find(s), s) for s in stops if s and s in text)
+        stop = hit[0][1] if hit else None
         if hit:
-            cut = min(hit)
+            cut = hit[0][0]
             k = stop_prefix_len(self.tokenizer, ids, cut)
             ids, logprobs, text, finish = ids[:k], logprobs[:k], text[:cut], "stop"
         eos = self.tokenizer.eos_token_id
@@ -216,7 +249,7 @@ class Endpoint:
         message = assistant_message(text, parsed, turn)
         if parsed.calls:
             finish = "tool_calls"
-        return Choice(ids, logprobs, finish, message, ended)
+        return Choice(ids, logprobs, finish, message, ended, stop)
 
     def _answer(self, call: Call, body: dict[str, Any]) -> dict[str, Any]:
         choices = []
