@@ -57,6 +57,7 @@ class Session:
     calls: list[Call] = field(default_factory=list)
     refused: str = ""  # the error code of the last refused call
     waiting: bool = False
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # Responses API: id -> conversation
 
 
 @dataclass
@@ -97,6 +98,7 @@ class Endpoint:
             routes=[
                 Route("/v1/chat/completions", self._http_chat, methods=["POST"]),
                 Route("/v1/messages", self._http_messages, methods=["POST"]),
+                Route("/v1/responses", self._http_responses, methods=["POST"]),
                 Route("/v1/models", self._http_models, methods=["GET"]),
             ]
         )
@@ -178,6 +180,33 @@ class Endpoint:
         if body.get("stream"):
             return StreamingResponse(anthropic.event_stream(message), media_type="text/event-stream")
         return JSONResponse(message)
+
+    async def _http_responses(self, request):
+        """OpenAI's Responses API, served as the chat-completions request it means (endpoint/responses.py)."""
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        from agentrl_ray.rollout.endpoint import responses
+        from agentrl_ray.rollout.endpoint.anthropic import DialectError
+
+        try:
+            session = self._session(request)
+            if session is None:
+                raise ApiError(401, "unknown API key: each trajectory gets its own", "invalid_api_key")
+            try:
+                body = await request.json()
+                chat_body = responses.chat_request(body, session.responses)
+            except json.JSONDecodeError as e:
+                raise ApiError(400, f"request body is not JSON: {e}", "invalid_json") from None
+            except DialectError as e:
+                raise ApiError(400, str(e), "invalid_request") from None
+            answer = await self.chat(session, chat_body)
+        except ApiError as e:
+            return JSONResponse(responses.error_body(e.message, e.code, e.kind), status_code=e.status)
+        resp = responses.response(answer, body)
+        session.responses[resp["id"]] = [*chat_body["messages"], answer["choices"][0]["message"]]
+        if body.get("stream"):
+            return StreamingResponse(responses.event_stream(resp), media_type="text/event-stream")
+        return JSONResponse(resp)
 
     # ---------------------------------------------------------------- one call
 
