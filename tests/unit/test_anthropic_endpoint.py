@@ -8,11 +8,10 @@ import json
 import anthropic
 import openai
 import pytest
-from test_openai_endpoint import CFG, _tool_agent
+from test_openai_endpoint import CFG, _tool_agent, engine_and_tokenizer  # noqa: F401, F811 - the shared engine fixture
 
 from agentrl_ray.rollout.endpoint.server import Endpoint
 from agentrl_ray.rollout.endpoint.stitch import stitch
-from agentrl_ray.rollout.torch_engine import TorchEngine
 from agentrl_ray.types import TokenRole
 from examples.openai_agent.agent import TOOLS, calculator
 
@@ -26,14 +25,6 @@ ANTHROPIC_TOOLS = [
     for t in TOOLS
 ]
 QUESTION = "What is 347 * 29?"
-
-
-@pytest.fixture(scope="module")
-def engine_and_tokenizer(builtin_model_path):
-    from transformers import AutoTokenizer
-
-    engine = TorchEngine(builtin_model_path, dtype="float32", seed=0, max_model_len=512, max_num_seqs=8)
-    return engine, AutoTokenizer.from_pretrained(builtin_model_path)
 
 
 async def _anthropic_agent(client, question: str):
@@ -54,7 +45,7 @@ async def _anthropic_agent(client, question: str):
     return replies
 
 
-def test_an_anthropic_agent_trains_on_the_tokens_a_chat_agent_would(engine_and_tokenizer):
+def test_an_anthropic_agent_trains_on_the_tokens_a_chat_agent_would(engine_and_tokenizer):  # noqa: F811
     engine, tokenizer = engine_and_tokenizer
 
     async def main():

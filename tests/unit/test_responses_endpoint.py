@@ -7,25 +7,16 @@ import asyncio
 
 import openai
 import pytest
-from test_openai_endpoint import CFG, _tool_agent
+from test_openai_endpoint import CFG, _tool_agent, engine_and_tokenizer  # noqa: F401, F811 - the shared engine fixture
 
 from agentrl_ray.rollout.endpoint.server import Endpoint
 from agentrl_ray.rollout.endpoint.stitch import stitch
-from agentrl_ray.rollout.torch_engine import TorchEngine
 from agentrl_ray.types import TokenRole
 from examples.openai_agent.agent import TOOLS, calculator
 
 # The example's tools as the Responses API writes them.
 RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
 QUESTION = "What is 347 * 29?"
-
-
-@pytest.fixture(scope="module")
-def engine_and_tokenizer(builtin_model_path):
-    from transformers import AutoTokenizer
-
-    engine = TorchEngine(builtin_model_path, dtype="float32", seed=0, max_model_len=512, max_num_seqs=8)
-    return engine, AutoTokenizer.from_pretrained(builtin_model_path)
 
 
 async def _responses_agent(client, question: str, chained: bool):
@@ -51,7 +42,7 @@ async def _responses_agent(client, question: str, chained: bool):
     return replies
 
 
-def test_a_responses_agent_trains_on_the_tokens_a_chat_agent_would(engine_and_tokenizer):
+def test_a_responses_agent_trains_on_the_tokens_a_chat_agent_would(engine_and_tokenizer):  # noqa: F811
     engine, tokenizer = engine_and_tokenizer
 
     async def main():
