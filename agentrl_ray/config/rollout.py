@@ -3,10 +3,14 @@ functions (`reward.*`)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentrl_ray.config.checking import ConfigError, check_resources, need
+
+MCP_PREFIX = "mcp:"  # how an env.mcp_servers entry travels in the tools tuple of envs.loading.env_class
+MCP_STDIO_KEYS = {"command", "args", "env", "cwd", "shared"}
 
 
 @dataclass
@@ -170,15 +174,34 @@ class EnvConfig:
     def tool_specs(self) -> tuple[str, ...]:
         """What `envs.loading.env_class` adds to env.name's class: env.tools, then each of env.mcp_servers as
         "mcp:{json}" (checked here: a malformed entry is a ConfigError naming it)."""
-        from agentrl_ray.envs.adapters.mcp_tools import server_spec
-
         servers = []
         for i, entry in enumerate(self.mcp_servers):
             try:
-                servers.append(server_spec(entry, f"env.mcp_servers[{i}]"))
+                servers.append(mcp_server_spec(entry, f"env.mcp_servers[{i}]"))
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         return (*self.tools, *servers)
+
+
+def mcp_server_spec(entry: dict[str, Any], where: str = "env.mcp_servers") -> str:
+    """One `env.mcp_servers` entry, checked, as the string that names it in the tools tuple."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: each server is a mapping ({{command, args}} or {{url}}), got {entry!r}")
+    if "url" in entry:
+        unknown = set(entry) - {"url", "shared"}
+        if unknown or not isinstance(entry["url"], str) or not entry["url"].startswith(("http://", "https://")):
+            raise ValueError(f"{where}: a URL server is {{url: http(s)://..., shared: bool}}, got {entry!r}")
+    else:
+        unknown = set(entry) - MCP_STDIO_KEYS
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)}; a stdio server takes {sorted(MCP_STDIO_KEYS)}")
+        if not isinstance(entry.get("command"), str) or not entry["command"]:
+            raise ValueError(f"{where}: a stdio server needs command: <executable>, got {entry!r}")
+        if not all(isinstance(a, str) for a in entry.get("args", [])):
+            raise ValueError(f"{where}: args must be a list of strings, got {entry.get('args')!r}")
+    if not isinstance(entry.get("shared", False), bool):
+        raise ValueError(f"{where}: shared must be true or false, got {entry['shared']!r}")
+    return MCP_PREFIX + json.dumps(entry, sort_keys=True)
 
 
 @dataclass

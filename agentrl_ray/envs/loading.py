@@ -11,10 +11,9 @@ import importlib
 import inspect
 from typing import Any
 
+from agentrl_ray.config.rollout import MCP_PREFIX
 from agentrl_ray.envs.base import RESERVED_METHODS, Environment
 from agentrl_ray.envs.tools import tool_functions, tool_schemas
-
-MCP_PREFIX = "mcp:"  # envs/adapters/mcp_tools.PREFIX, without importing the adapter where no server is named
 
 BY_VALUE = "pickled:"  # a config value holding the object itself (see `object_spec`)
 

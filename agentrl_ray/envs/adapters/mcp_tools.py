@@ -43,30 +43,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PREFIX = "mcp:"  # how a server travels in the tools tuple of envs.loading.env_class
-STDIO_KEYS = {"command", "args", "env", "cwd", "shared"}
+from agentrl_ray.config.rollout import MCP_PREFIX as PREFIX
+
 CONNECT_TIMEOUT_S = 60.0
-
-
-def server_spec(entry: dict[str, Any], where: str = "env.mcp_servers") -> str:
-    """One `env.mcp_servers` entry, checked, as the string that names it in the tools tuple."""
-    if not isinstance(entry, dict):
-        raise ValueError(f"{where}: each server is a mapping ({{command, args}} or {{url}}), got {entry!r}")
-    if "url" in entry:
-        unknown = set(entry) - {"url", "shared"}
-        if unknown or not isinstance(entry["url"], str) or not entry["url"].startswith(("http://", "https://")):
-            raise ValueError(f"{where}: a URL server is {{url: http(s)://..., shared: bool}}, got {entry!r}")
-    else:
-        unknown = set(entry) - STDIO_KEYS
-        if unknown:
-            raise ValueError(f"{where}: unknown keys {sorted(unknown)}; a stdio server takes {sorted(STDIO_KEYS)}")
-        if not isinstance(entry.get("command"), str) or not entry["command"]:
-            raise ValueError(f"{where}: a stdio server needs command: <executable>, got {entry!r}")
-        if not all(isinstance(a, str) for a in entry.get("args", [])):
-            raise ValueError(f"{where}: args must be a list of strings, got {entry.get('args')!r}")
-    if not isinstance(entry.get("shared", False), bool):
-        raise ValueError(f"{where}: shared must be true or false, got {entry['shared']!r}")
-    return PREFIX + json.dumps(entry, sort_keys=True)
 
 
 def _entry(spec: str) -> dict[str, Any]:
