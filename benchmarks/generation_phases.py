@@ -45,6 +45,9 @@ def main() -> None:
     p.add_argument(
         "--sampler", choices=("seeded", "vllm"), default="seeded", help="vllm: vLLM CPU's own Gumbel sampler"
     )
+    p.add_argument(
+        "--profile", type=int, default=0, help="N: then where a decode iteration's time goes, over N (torch.profiler)"
+    )
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     from agentrl_ray.rollout import vllm_engine
@@ -126,10 +129,54 @@ def main() -> None:
         "decode_tokens_per_s": n / decode_iter,
         "extrapolated_256_decode_s": 256 * decode_iter,
     }
+    if a.profile:
+        out["profile"] = profile_decode(lambda n: run(1 + n), a.profile)
     print(json.dumps(out, indent=2))
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(out, indent=2))
+
+
+def profile_decode(generate, iterations: int, top: int = 25) -> dict:
+    """Where a decode iteration's CPU time goes, by torch operator: each op's self time (its own, not its children's)
+    in a generate call of `iterations` decode iterations, less the same op's in a prefill-only call (both profiled),
+    per iteration; and the matmuls by input shape. `generate(n)` runs one call of n decode iterations after the
+    prefill."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    def profiled(n: int):
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            t0 = time.perf_counter()
+            generate(n)
+            wall = time.perf_counter() - t0
+        by_op = {e.key: (e.self_cpu_time_total, e.count) for e in prof.key_averages()}
+        by_shape = {(e.key, str(e.input_shapes)): (e.self_cpu_time_total, e.count)
+                    for e in prof.key_averages(group_by_input_shape=True) if "mm" in e.key}  # fmt: skip
+        return wall, by_op, by_shape
+
+    def per_iteration(full: dict, base: dict) -> list[tuple]:
+        rows = [(k, (us - base.get(k, (0, 0))[0]) / iterations / 1e3, (n - base.get(k, (0, 0))[1]) / iterations)
+                for k, (us, n) in full.items()]  # fmt: skip
+        return sorted(rows, key=lambda r: r[1], reverse=True)[:top]
+
+    wall0, ops0, shapes0 = profiled(0)
+    wall, ops, shapes = profiled(iterations)
+    op_rows = per_iteration(ops, ops0)
+    per_iter_ms = (sum(us for us, _ in ops.values()) - sum(us for us, _ in ops0.values())) / iterations / 1e3
+    for name, ms, calls in op_rows:
+        print(f"{ms:8.2f} ms {calls:7.1f} calls  {name[:80]}")
+    return {
+        "iterations": iterations,
+        "profiled_ms_per_iteration": (wall - wall0) / iterations * 1e3,
+        "self_cpu_ms_per_iteration": per_iter_ms,
+        "torch_threads": torch.get_num_threads(),
+        "ops_ms_per_iteration": [{"op": k, "ms": round(ms, 3), "calls": c} for k, ms, c in op_rows],
+        "matmul_shapes_ms_per_iteration": [
+            {"op": k[0], "shapes": k[1][:200], "ms": round(ms, 3), "calls": c}
+            for k, ms, c in per_iteration(shapes, shapes0)
+        ],
+    }
 
 
 if __name__ == "__main__":

@@ -290,9 +290,9 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
     paired |= paired_thread(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_thread)
     paired |= paired_scatter(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_scatter)
     paired |= paired_share(policy, lambda: update(policy, groups, cfg, step=0, pad_id=0), args.paired_share)
-    profile, busy = [], {}
+    profile, busy, shapes = [], {}, []
     if args.profile:
-        profile, busy = profile_step(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.profile)
+        profile, busy, shapes = profile_step(lambda: update(policy, groups, cfg, step=0, pad_id=0), args.profile)
 
     params = dict(policy.module.named_parameters())
     n_lora = sum(p.numel() for n, p in params.items() if "lora_" in n)
@@ -328,6 +328,7 @@ def run_variant(args, variant: str, model_dir: Path, out: Path) -> dict:
         # the variant's process, model and all (on a CPU the learner's memory; Linux reports KiB)
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "top_kernels": profile,
+        "matmul_shapes": shapes,
         "device_busy": busy,
         **paired,
     }
@@ -471,8 +472,9 @@ def paired_thread(step, pairs: int) -> dict:
     return {"paired_main_thread_s": times[False], "paired_other_thread_s": times[True]}
 
 
-def profile_step(step, top: int) -> tuple[list[dict], dict]:
-    """One step under torch.profiler: the `top` operations by device (else CPU) self time, and on a GPU how busy it
+def profile_step(step, top: int) -> tuple[list[dict], dict, list[dict]]:
+    """One step under torch.profiler: the `top` operations by device (else CPU) self time, the `top` matrix products
+    by shape (`matmul_shapes`), and on a GPU how busy it
     was (`device_busy`: the kernels' summed time, their count, and the profiled step's wall time; the profiler slows
     the host, so run_variant adds `share_of_step`, the kernels' time over the unprofiled median step: well under 1
     means the step waits on the host: launches, Python, guards, synchronisations)."""
@@ -483,7 +485,7 @@ def profile_step(step, top: int) -> tuple[list[dict], dict]:
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     _sync()
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:
         t0 = time.perf_counter()
         step()
         _sync()
@@ -497,7 +499,26 @@ def profile_step(step, top: int) -> tuple[list[dict], dict]:
         kernel_ms = sum(e.self_device_time_total for e in kernels) / 1e3
         busy = {"kernels": sum(e.count for e in kernels), "kernel_ms": round(kernel_ms, 1),
                 "wall_ms": round(wall_ms, 1), "busy_share": round(kernel_ms / wall_ms, 3)}  # fmt: skip
-    return [{"name": e.key[:90], "calls": e.count, "ms": round(getattr(e, key) / 1e3, 2)} for e in events], busy
+    ops = [{"name": e.key[:90], "calls": e.count, "ms": round(getattr(e, key) / 1e3, 2)} for e in events]
+    return ops, busy, matmul_shapes(prof, key, top)
+
+
+def matmul_shapes(prof, key: str, top: int) -> list[dict]:
+    """The profiled step's matrix products by input shape, slowest first, with the rate each ran at: which shapes
+    fall short of the machine's GEMM rate (benchmarks/machine_peak.py)."""
+    rows = []
+    for e in prof.key_averages(group_by_input_shape=True):
+        if e.key not in ("aten::mm", "aten::addmm", "aten::bmm") or not e.input_shapes:
+            continue
+        a, b = e.input_shapes[1:3] if e.key == "aten::addmm" else e.input_shapes[:2]
+        if len(a) < 2 or len(b) < 2:
+            continue
+        batch = a[0] if e.key == "aten::bmm" else 1
+        flops = 2 * batch * a[-2] * a[-1] * b[-1] * e.count
+        ms = getattr(e, key) / 1e3
+        rows.append({"op": e.key, "a": a, "b": b, "calls": e.count, "ms": round(ms, 2),
+                     "gflops": round(flops / ms / 1e6, 1) if ms else None})  # fmt: skip
+    return sorted(rows, key=lambda r: r["ms"], reverse=True)[:top]
 
 
 def matmul_tflops(device: str) -> float | None:

@@ -259,10 +259,17 @@ def test_fused_chunks_equal_the_eager_ones():
         torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=name)
 
 
-def test_chunks_are_larger_on_a_gpu():
-    """A GPU's chunk keeps the head's matmul large (883 tokens at Qwen2.5's vocabulary, 110 on a CPU)."""
+def test_chunks_are_larger_on_a_gpu_and_an_amx_cpu():
+    """A GPU's chunk keeps the head's matmul large (883 tokens at Qwen2.5's vocabulary), and so does a CPU with AMX's;
+    another CPU's is 110 tokens. Without `amx` it is read from this machine's /proc/cpuinfo."""
+    from agentrl_ray.infra.hardware import this_cpu
+
+    cpu = torch.device("cpu")
     assert chunk_tokens_for(151936, chunked_logprobs.chunk_elements_for(torch.device("cuda"))) == 883
-    assert chunk_tokens_for(151936, chunked_logprobs.chunk_elements_for(torch.device("cpu"))) == 110
+    assert chunk_tokens_for(151936, chunked_logprobs.chunk_elements_for(cpu, amx=True)) == 883
+    assert chunk_tokens_for(151936, chunked_logprobs.chunk_elements_for(cpu, amx=False)) == 110
+    here = chunked_logprobs.chunk_elements_for(cpu)
+    assert here == chunked_logprobs.chunk_elements_for(cpu, amx="amx_tile" in this_cpu().flags)
 
 
 def test_a_right_padded_batch_needs_no_mask():

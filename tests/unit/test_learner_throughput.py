@@ -27,6 +27,9 @@ def test_learner_throughput_benchmark_runs_on_a_cpu(tmp_path):
     assert all(r["ok"] for r in by.values()), [r.get("error") for r in by.values()]
     for r in by.values():
         assert r["tokens_per_s"] > 0 and r["model_tflops_per_step"] >= 0 and len(r["top_kernels"]) == 3
+        # the profiled step's products by shape: inner dimensions that agree, each with the rate it ran at
+        shapes = r["matmul_shapes"]
+        assert 0 < len(shapes) <= 3 and all(m["a"][-1] == m["b"][-2] and m["gflops"] > 0 for m in shapes), shapes
         # ragged lengths in [48, 96], right-padded to each micro-batch's longest
         assert 8 * 48 <= r["tokens_per_step"] < r["padded_tokens_per_step"] <= 8 * 96
     assert by["lorabf16"]["params_lora"] > 0 and by["full.flash"]["params_lora"] == 0

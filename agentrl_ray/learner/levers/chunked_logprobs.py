@@ -20,6 +20,8 @@ learner (`learner/policy.py`) calls it.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -27,6 +29,10 @@ CHUNK_ELEMENTS = 1 << 24  # a chunk's (tokens, V) float32 temporaries are at mos
 # On a GPU memory is plentiful and a 110-token chunk (at 152k vocabulary) starves the head's matmul and launches
 # ~10 kernels per chunk: 512 MiB chunks (883 tokens at 152k) keep the matmul large (benchmarks/learner_throughput.py).
 CUDA_CHUNK_ELEMENTS = 1 << 27
+# On a CPU with AMX the head's products are short of the matrix units at 110 tokens (its input gradient, 110 x 152k by
+# 152k x 896, ran at 829 GFLOP/s against 1,659 at 512 tokens): there the GPU's chunk made the 0.5B learner's quarter
+# step 9-10% faster for 0.1-0.2 GiB more (docs/benchmarks.md, issue 55). Other CPUs keep 110 tokens (below).
+AMX_CHUNK_ELEMENTS = CUDA_CHUNK_ELEMENTS
 # Forward keeps the (N, V) probabilities for backward when they fit: that saves the recompute's head matmul and
 # float32 softmax pass. On a CPU a step -7.3% (docs/benchmarks.md, "The CPU learner's levers"); on an H200 -3 to -4% at
 # 0.5B and -2 to -8% at 1.5B (16 x 1,024 tokens: 4.4 GB kept; docs/learner_speed.md, round 3). On a GPU the budget
@@ -43,10 +49,20 @@ def chunk_tokens_for(vocab: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
     return max(16, chunk_elements // vocab)
 
 
-def chunk_elements_for(device: torch.device) -> int:
-    """The (tokens, V) temporaries' budget per chunk on `device`. On a CPU 441-token chunks ran the fused head alone
-    ~8% faster but the learner's step no faster (docs/benchmarks.md, "The CPU learner's levers"): 110 stay."""
-    return CUDA_CHUNK_ELEMENTS if device.type == "cuda" else CHUNK_ELEMENTS
+def chunk_elements_for(device: torch.device, amx: bool | None = None) -> int:
+    """The (tokens, V) temporaries' budget per chunk on `device` (`amx`: whether this CPU has AMX; default: read
+    from /proc/cpuinfo). On a CPU without AMX 441-token chunks ran the fused head alone ~8% faster but the learner's
+    step no faster (docs/benchmarks.md, "The CPU learner's levers"): 110 stay there."""
+    if device.type == "cuda":
+        return CUDA_CHUNK_ELEMENTS
+    return AMX_CHUNK_ELEMENTS if (_cpu_has_amx() if amx is None else amx) else CHUNK_ELEMENTS
+
+
+@functools.cache
+def _cpu_has_amx() -> bool:
+    from agentrl_ray.infra.hardware import this_cpu
+
+    return this_cpu().amx
 
 
 def keep_bytes_for(device: torch.device) -> int:
@@ -149,7 +165,10 @@ class _HiddenTokenLogProb(torch.autograd.Function):
         ctx.save_for_backward(hidden, w, targets, lse, out)
         ctx.kept = kept  # no autograd history: plain tensors, dropped by backward as it goes
         ctx.temperature, ctx.chunk, ctx.weight_dtype, ctx.fused = temperature, chunk, weight.dtype, fused
-        ctx.vocab_slice = max(1, chunk_elements_for(hidden.device) // weight.shape[1])  # head-gradient rows at once
+        # head-gradient rows at once (full fine-tuning): the CPU's budget on any CPU (AMX's chunk is for the head's
+        # input gradient, not measured for this product)
+        slice_elements = CUDA_CHUNK_ELEMENTS if hidden.device.type == "cuda" else CHUNK_ELEMENTS
+        ctx.vocab_slice = max(1, slice_elements // weight.shape[1])
         ctx.mark_non_differentiable(entropy)
         return out, entropy
 

@@ -1,0 +1,105 @@
+"""The learner's matrix products at the 0.5B shape, each computed three ways, interleaved: where this CPU's GEMM
+library (oneDNN through `torch.mm`) falls short at a shape and which way of writing the same product gets it back.
+
+    python benchmarks/gemm_forms.py --out benchmarks/results/gemm_forms/<date>-<machine>.json
+
+For C = A @ B (A: M x K, B: K x N, bfloat16, the learner's threads), with the same numbers out:
+- `mm`: torch.mm(A, B), as autograd's linear computes it;
+- `transposed`: (B^T @ A^T)^T, made contiguous: the library sees an N x K by K x M product instead;
+- `rows`: A in row blocks of `--rows` (what a chunked loop over tokens does).
+Shapes (`SHAPES`): the body's projections and their input gradients for a micro-batch of 4 x ~272 tokens, the LoRA
+adapters' thin products, and the head's chunks (`learner/logprobs.CHUNK_ELEMENTS`: 110 tokens of a 151,936-entry
+vocabulary) with their gradients. Each form's GFLOP/s is the median of `--rounds` interleaved rounds (each round:
+every form once, best of calls over >= `--min-s`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_path import default_out, machine  # noqa: E402
+
+T = 1090  # tokens of a micro-batch of 4 x ~272 at the issue-33 shape
+SHAPES = {  # name: (M, K, N)
+    "gate_up_forward": (T, 896, 4864),
+    "down_forward": (T, 4864, 896),  # also gate/up's input gradient
+    "down_input_grad": (T, 896, 4864),
+    "attn_out": (T, 896, 896),
+    "lora_a_mlp_grad": (4864, T, 16),
+    "lora_b_mlp": (T, 16, 4864),
+    "head_chunk_forward": (110, 896, 151936),
+    "head_chunk_input_grad": (110, 151936, 896),
+    "head_forward_512": (512, 896, 151936),
+    "head_input_grad_512": (512, 151936, 896),
+}
+
+
+def best_time(fn, min_s: float) -> float:
+    fn()
+    best, spent = float("inf"), 0.0
+    while spent < min_s:
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        best, spent = min(best, dt), spent + dt
+    return best
+
+
+def forms(a: torch.Tensor, b: torch.Tensor, rows: int) -> dict:
+    bt = b.t().contiguous()  # (N, K): a Linear's weight layout
+    return {
+        "mm": lambda: torch.mm(a, b),
+        "transposed": lambda: torch.mm(bt, a.t()).t().contiguous(),
+        "rows": lambda: torch.cat([torch.mm(a[i : i + rows], b) for i in range(0, a.shape[0], rows)]),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--min-s", type=float, default=0.3)
+    p.add_argument("--rows", type=int, default=256)
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--out", type=Path)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    from agentrl_ray.infra.hardware import detect_hardware
+
+    cpu = detect_hardware().cpu
+    print(f"{cpu.model}, AMX {cpu.amx}, torch {torch.__version__}, {a.threads} threads")
+    results = {}
+    for name in a.shapes.split(","):
+        m, k, n = SHAPES[name]
+        x, y = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(k, n, dtype=torch.bfloat16)
+        fs = forms(x, y, a.rows)
+        ref = fs["mm"]().float()
+        for form, fn in fs.items():  # the same product, to bfloat16 rounding of the accumulation order
+            err = (fn().float() - ref).abs().max().item() / ref.abs().max().item()
+            assert err < 2e-2, f"{name} {form}: relative error {err}"
+        times = {f: [] for f in fs}
+        for _ in range(a.rounds):
+            for form, fn in fs.items():
+                times[form].append(best_time(fn, a.min_s))
+        flop = 2 * m * k * n
+        rates = {f: round(flop / statistics.median(t) / 1e9, 1) for f, t in times.items()}
+        results[name] = {"m": m, "k": k, "n": n, "gflops": rates}
+        print(f"{name:24s} {m:6d} x {k:6d} x {n:6d}  " + "  ".join(f"{f} {r:7.1f}" for f, r in rates.items()))
+    out = a.out or default_out("gemm_forms")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"cpu": cpu.model, "tag": machine(), "isa": cpu.isa}
+    out.write_text(json.dumps({"machine": record, "threads": a.threads, "torch": torch.__version__,
+                               "rounds": a.rounds, "results": results}, indent=2))  # fmt: skip
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
