@@ -53,6 +53,12 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
             "docs/benchmarks.md",
             "--threads 1,2",
         ),
+        "gemm_forms": Benchmark(
+            "gemm_forms.py",
+            "the learner's matrix products as is, transposed and in row blocks: where the GEMM library is short",
+            "docs/benchmarks.md",
+            "--rounds 5",
+        ),
         "generation_phases": Benchmark(
             "generation_phases.py",
             "the vLLM engine's prefill and decode timed apart, at a shape",
