@@ -8,9 +8,9 @@ For C = A @ B (A: M x K, B: K x N, bfloat16, the learner's threads), with the sa
 - `transposed`: (B^T @ A^T)^T, made contiguous: the library sees an N x K by K x M product instead;
 - `rows`: A in row blocks of `--rows` (what a chunked loop over tokens does).
 Shapes (`SHAPES`): the body's projections and their input gradients for a micro-batch of 4 x ~272 tokens, the LoRA
-adapters' thin products, and the head's chunks (`learner/logprobs.CHUNK_ELEMENTS`: 110 tokens of a 151,936-entry
-vocabulary) with their gradients. Each form's GFLOP/s is the median of `--rounds` interleaved rounds (each round:
-every form once, best of calls over >= `--min-s`).
+adapters' thin products, and the head's chunks (`learner/levers/chunked_logprobs.py`: 110 tokens of a 151,936-entry
+vocabulary on a CPU without AMX; 512 beside them) with their gradients. Each form's GFLOP/s is the median of
+`--rounds` interleaved rounds (each round: every form once, best of calls over >= `--min-s`).
 """
 
 from __future__ import annotations
@@ -72,9 +72,9 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    from agentrl_ray.infra.hardware import detect_hardware
+    from agentrl_ray.infra.hardware import this_cpu
 
-    cpu = detect_hardware().cpu
+    cpu = this_cpu()
     print(f"{cpu.model}, AMX {cpu.amx}, torch {torch.__version__}, {a.threads} threads")
     results = {}
     for name in a.shapes.split(","):

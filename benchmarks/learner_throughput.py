@@ -474,10 +474,10 @@ def paired_thread(step, pairs: int) -> dict:
 
 def profile_step(step, top: int) -> tuple[list[dict], dict, list[dict]]:
     """One step under torch.profiler: the `top` operations by device (else CPU) self time, the `top` matrix products
-    by shape (`matmul_shapes`), and on a GPU how busy it
-    was (`device_busy`: the kernels' summed time, their count, and the profiled step's wall time; the profiler slows
-    the host, so run_variant adds `share_of_step`, the kernels' time over the unprofiled median step: well under 1
-    means the step waits on the host: launches, Python, guards, synchronisations)."""
+    by shape (`matmul_shapes`), and on a GPU how busy it was (`device_busy`: the kernels' summed time, their count,
+    and the profiled step's wall time; the profiler slows the host, so run_variant adds `share_of_step`, the kernels'
+    time over the unprofiled median step: well under 1 means the step waits on the host: launches, Python, guards,
+    synchronisations)."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile

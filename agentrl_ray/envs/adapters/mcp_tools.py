@@ -43,13 +43,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl_ray.config.rollout import MCP_PREFIX as PREFIX
+from agentrl_ray.config.rollout import MCP_PREFIX
 
 CONNECT_TIMEOUT_S = 60.0
 
 
 def _entry(spec: str) -> dict[str, Any]:
-    return json.loads(spec.removeprefix(PREFIX))
+    return json.loads(spec.removeprefix(MCP_PREFIX))
 
 
 def _describe(entry: dict[str, Any]) -> str:
