@@ -7,6 +7,10 @@ For C = A @ B (A: M x K, B: K x N, bfloat16, the learner's threads), with the sa
 - `mm`: torch.mm(A, B), as autograd's linear computes it;
 - `transposed`: (B^T @ A^T)^T, made contiguous: the library sees an N x K by K x M product instead;
 - `rows`: A in row blocks of `--rows` (what a chunked loop over tokens does).
+With `--linear`, the products as a `Linear` layer holds its weight W (N x K, contiguous) instead, at `--tokens` rows:
+the forward as `F.linear(x, W)` (`linear`), as (W @ x^T)^T (`linear_t`) and in two halves of rows (`linear_halves`);
+the input gradient g @ W as `torch.mm` (`grad`), as (W^T @ g^T)^T (`grad_t`) and in halves (`grad_halves`), for
+each of `LINEARS` (docs/benchmarks.md, "oneDNN's row windows on the AMX Xeon").
 Shapes (`SHAPES`): the body's projections and their input gradients for a micro-batch of 4 x ~272 tokens, the LoRA
 adapters' thin products, and the head's chunks (`learner/levers/chunked_logprobs.py`: 110 tokens of a 151,936-entry
 vocabulary on a CPU without AMX; 512 beside them) with their gradients. Each form's GFLOP/s is the median of
@@ -41,6 +45,8 @@ SHAPES = {  # name: (M, K, N)
     "head_input_grad_512": (512, 151936, 896),
 }
 
+LINEARS = {"down": (896, 4864), "gate_up": (4864, 896), "o": (896, 896), "kv": (128, 896)}  # name: (N, K) of W
+
 
 def best_time(fn, min_s: float) -> float:
     fn()
@@ -62,6 +68,27 @@ def forms(a: torch.Tensor, b: torch.Tensor, rows: int) -> dict:
     }
 
 
+def linear_forms(t: int, n: int, k: int) -> dict:
+    x, w, g = (torch.randn(*s, dtype=torch.bfloat16) for s in ((t, k), (n, k), (t, n)))
+    half = (t + 1) // 2
+    return {
+        "linear": lambda: torch.nn.functional.linear(x, w),
+        "linear_t": lambda: torch.mm(w, x.t()).t().contiguous(),
+        "linear_halves": lambda: torch.cat([torch.nn.functional.linear(r, w) for r in x.split(half)]),
+        "grad": lambda: torch.mm(g, w),
+        "grad_t": lambda: torch.mm(w.t(), g.t()).t().contiguous(),
+        "grad_halves": lambda: torch.cat([torch.mm(r, w) for r in g.split(half)]),
+    }
+
+
+def median_rates(fs: dict, rounds: int, min_s: float, flop: int) -> dict:
+    times = {f: [] for f in fs}
+    for _ in range(rounds):
+        for form, fn in fs.items():
+            times[form].append(best_time(fn, min_s))
+    return {f: round(flop / statistics.median(t) / 1e9, 1) for f, t in times.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
@@ -69,6 +96,8 @@ def main() -> None:
     p.add_argument("--min-s", type=float, default=0.3)
     p.add_argument("--rows", type=int, default=256)
     p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--linear", action="store_true", help="the Linear layouts' forms (LINEARS) instead of SHAPES")
+    p.add_argument("--tokens", type=int, default=T, help="M of --linear")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
@@ -77,7 +106,17 @@ def main() -> None:
     cpu = this_cpu()
     print(f"{cpu.model}, AMX {cpu.amx}, torch {torch.__version__}, {a.threads} threads")
     results = {}
-    for name in a.shapes.split(","):
+    for name, (n, k) in LINEARS.items() if a.linear else ():
+        fs = linear_forms(a.tokens, n, k)
+        for form, fn in fs.items():  # the same numbers every way, to bfloat16 rounding
+            ref = fs["grad" if form.startswith("grad") else "linear"]().float()
+            err = (fn().float() - ref).abs().max().item() / ref.abs().max().item()
+            assert err < 2e-2, f"{name} {form}: relative error {err}"
+        rates = median_rates(fs, a.rounds, a.min_s, 2 * a.tokens * n * k)
+        results[name] = {"m": a.tokens, "n": n, "k": k, "weight": [n, k], "gflops": rates}
+        shown = "  ".join(f"{f} {r:7.1f}" for f, r in rates.items())
+        print(f"{name:10s} W {n:5d} x {k:5d}, {a.tokens} tokens  {shown}")
+    for name in a.shapes.split(",") if not a.linear else ():
         m, k, n = SHAPES[name]
         x, y = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(k, n, dtype=torch.bfloat16)
         fs = forms(x, y, a.rows)
@@ -85,19 +124,14 @@ def main() -> None:
         for form, fn in fs.items():  # the same product, to bfloat16 rounding of the accumulation order
             err = (fn().float() - ref).abs().max().item() / ref.abs().max().item()
             assert err < 2e-2, f"{name} {form}: relative error {err}"
-        times = {f: [] for f in fs}
-        for _ in range(a.rounds):
-            for form, fn in fs.items():
-                times[form].append(best_time(fn, a.min_s))
-        flop = 2 * m * k * n
-        rates = {f: round(flop / statistics.median(t) / 1e9, 1) for f, t in times.items()}
+        rates = median_rates(fs, a.rounds, a.min_s, 2 * m * k * n)
         results[name] = {"m": m, "k": k, "n": n, "gflops": rates}
         print(f"{name:24s} {m:6d} x {k:6d} x {n:6d}  " + "  ".join(f"{f} {r:7.1f}" for f, r in rates.items()))
     out = a.out or default_out("gemm_forms")
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {"cpu": cpu.model, "tag": machine(), "isa": cpu.isa}
     out.write_text(json.dumps({"machine": record, "threads": a.threads, "torch": torch.__version__,
-                               "rounds": a.rounds, "results": results}, indent=2))  # fmt: skip
+                               "rounds": a.rounds, "linear": a.linear, "results": results}, indent=2))  # fmt: skip
     print(f"wrote {out}")
 
 
