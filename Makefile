@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONFIG ?= examples/calculator/config.yaml
 ARGS ?=
 
-.PHONY: install run test test-rebuild test-fast lint gpu-install gpu-kit bench clean
+.PHONY: install run test test-all converter test-rebuild test-fast lint gpu-install gpu-kit bench clean
 
 install: $(VENV)/.installed
 
@@ -38,26 +38,32 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(BIN)/agentrl-ray train $(CONFIG) $(ARGS)
 
-test: install
-	# llama.cpp's GGUF converter (agentrl-ray export --format gguf), from the llama-cpp-python sdist on PyPI: ~45 s
-	# once, nothing compiled, into $$AGENTRL_CACHE. Fetched before the tests so that tests never download; not in
-	# install, so that make run does not wait for it (export fetches it on first use).
+test: install converter
+	# The unit tier (no Ray) on both cores, then the short integration tier (tests/ray marked `integration`, one
+	# shared local Ray; tests/gpu skips without CUDA). Both run; either failing fails make test. Each test's time goes
+	# to .cache/test-times/<tier>.tsv, and each tier's wall time and its 15 slowest tests print last (tests/tiers.py).
+	$(BIN)/python tests/tiers.py unit integration
+
+# make test plus the long suite (tests marked `long`: the other chaos kills, node loss, the killed driver, ZeRO-3,
+# compiled training, the real-model examples, the benchmarks' smoke runs). Run it on a clean clone before resolving
+# an issue whose change touches those paths (docs/testing.md).
+test-all: install converter
+	$(BIN)/python tests/tiers.py unit integration long
+
+# llama.cpp's GGUF converter (agentrl-ray export --format gguf), from the llama-cpp-python sdist on PyPI: ~45 s once,
+# nothing compiled, into $$AGENTRL_CACHE. Fetched before the tests so that tests never download; not in install, so
+# that make run does not wait for it (export fetches it on first use).
+converter: install
 	$(BIN)/python -c "from agentrl_ray.trained.gguf_convert import ensure_converter; ensure_converter()"
-	# The unit tier (no Ray) on both cores with pytest-xdist, then the Ray and GPU tiers one test at a time (their
-	# tests start Rays and trainings that must not overlap). Both parts run; either failing fails make test.
-	status=0; \
-	$(BIN)/python -m pytest tests/unit -v -n 2 --timeout 1200 -m "not rebuild" --durations=20 || status=1; \
-	$(BIN)/python -m pytest tests --ignore=tests/unit -v --timeout 1200 -m "not rebuild" --durations=20 || status=1; \
-	exit $$status
 
 # The shipped built-in model rebuilt from its recipe on this machine and held to the same warm-start gate (~10 min on
 # 2 cores): run it after changing a recipe or torch; make test checks the shipped weights themselves.
 test-rebuild: install
 	$(BIN)/python -m pytest tests -v --timeout 1800 -m rebuild
 
-# The unit tier without its few tests over ~5 s (marked slow): under a minute and a half on 2 cores (docs/testing.md).
+# The unit tier without its tests over ~3 s (marked slow) and its long ones: about a minute on 2 cores.
 test-fast: install
-	$(BIN)/python -m pytest tests/unit -q -m "not slow and not rebuild"
+	$(BIN)/python -m pytest tests/unit -q -n 2 -m "not slow and not long and not rebuild"
 
 lint: install
 	$(BIN)/ruff check agentrl_ray tests examples benchmarks

@@ -30,7 +30,7 @@ import sys
 
 from agentrl_ray.config import BUILTIN_MODELS, ConfigError, parse_overrides
 from agentrl_ray.config import help as config_help
-from agentrl_ray.infra import console
+from agentrl_ray.infra import console, startup
 from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.infra.user_code import add_user_code_paths
 from agentrl_ray.traces import cli as traces_cli
@@ -158,6 +158,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"agentrl-ray: {exc}", file=sys.stderr)
             return 2
         return 0
+    startup.mark("driver", "config parsed")
     from agentrl_ray.driver import fresh_run_name, train
     from agentrl_ray.types import RunStopped
 

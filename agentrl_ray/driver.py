@@ -17,7 +17,7 @@ from typing import Any
 from agentrl_ray.builtin.resolve import resolve_model
 from agentrl_ray.config import Config, ConfigError, RunConfig
 from agentrl_ray.data import load_rows
-from agentrl_ray.infra import console
+from agentrl_ray.infra import console, startup
 from agentrl_ray.infra.allocator import allocator_env
 from agentrl_ray.infra.local_ray import init_ray
 from agentrl_ray.infra.threads import ThreadPolicy
@@ -153,6 +153,7 @@ def _stop_message(metrics_log) -> str | None:
 def train(cfg: Config, pool=None) -> dict[str, Any]:
     """Run training end to end; returns the last reported metrics. `pool`: a RolloutPool to train with instead of
     new engines (tests inspect the engines afterwards); its owner shuts it down."""
+    startup.mark("driver", "train called (driver imported)")
     preflight.resolve_user_code(cfg)  # the user's code imports, before anything is started or written
     resume_from = check_run_dir(cfg)
     model_path = resolve_model(cfg.model.path)
@@ -170,8 +171,10 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
         tokenizer = ex.submit(preflight.load_tokenizer, model_path)
         # The actors' environment depends only on overlap and the learner's device, known before the plan.
         init_ray(cfg, ThreadPolicy.of(cfg), log_file=str(console.log_file() or "") or None)
+        startup.mark("driver", "Ray up")
         try:
             preflight.check(cfg, model_path, train_rows, eval_rows, tokenizer.result())
+            startup.mark("driver", "preflight checked (tokenizer loaded)")
         except BaseException:
             if started_ray:
                 import ray
@@ -189,6 +192,7 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
     from agentrl_ray.run.step_lines import StepLines
 
     plan, placed, storage = place(cfg, model_path)
+    startup.mark("driver", "placed")
     threads = ThreadPolicy.of(cfg)  # the CPU/overlap policy of every actor, with the plan's counts
     own_pool = pool is None
     try:
@@ -223,6 +227,7 @@ def train(cfg: Config, pool=None) -> dict[str, Any]:
             run_config=learner_run_config(cfg, storage),
         )
         try:
+            startup.mark("driver", "engines and env hosts asked for; learner fit starts")
             with learner_deadline(cfg.recovery.learner_unresponsive_s):
                 result = trainer.fit()
         finally:

@@ -12,6 +12,14 @@ has ended.
 Step 1 must not be the run's last step (run.steps >= 2) and must not evaluate (run.eval_every=0): its record is
 written after those, and this takes the record's arrival as step 1's end.
 
+With --phases, it also prints where the start-up's wall time goes, from the marks each process of the run writes
+(agentrl_ray/infra/startup.py): when each process started, when its imports were done, and each phase of the
+driver (config, Ray, preflight, placement), the engines (tokenizer, engine load), the env hosts and the learner
+(model built, engines ready, weight sync set up, the step-0 evaluation, the first step):
+
+    python benchmarks/startup_cpu.py --phases --run-dir runs/startup/p -- agentrl-ray train \
+        examples/calculator/config.yaml run.output_dir=runs/startup run.name=p run.steps=2
+
 Writes JSON with --out. CPU-seconds include each process's waited-for children (psutil's children_user/system).
 """
 
@@ -20,8 +28,10 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,6 +39,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from process_tree import tree  # noqa: E402  (the side-by-side's tree walk)
+
+STARTUP_LOG = "AGENTRL_STARTUP_LOG"  # agentrl_ray/infra/startup.py's ENV
 
 
 def sample(root: int) -> dict[int, tuple[str, float, int]]:
@@ -59,18 +71,52 @@ def first_step(metrics: Path) -> dict | None:
     return None
 
 
+def phases(marks_file: Path, t0: float) -> list[dict]:
+    """The run's start-up marks in time order, as seconds since launch; each process's start and its first mark
+    (everything it imported before) come first for that process."""
+    marks = (
+        [json.loads(line) for line in marks_file.read_text().splitlines() if line.strip()]
+        if marks_file.exists()
+        else []
+    )
+    out, seen = [], set()
+    for m in sorted(marks, key=lambda m: m["t"]):
+        if m["pid"] not in seen:
+            seen.add(m["pid"])
+            out.append(
+                {"at_s": m["process_start"] - t0, "role": m["role"], "pid": m["pid"], "phase": "process started"}
+            )
+        out.append({"at_s": m["t"] - t0, "role": m["role"], "pid": m["pid"], "phase": m["phase"]})
+    return sorted(out, key=lambda r: r["at_s"])
+
+
+def print_phases(rows: list[dict]) -> None:
+    """One line a mark: seconds since launch, the time since the same process's previous mark, role, phase."""
+    last: dict[int, float] = {}
+    print(f"{'at s':>7} {'+s':>6}  {'process':<12} phase")
+    for r in rows:
+        gap = r["at_s"] - last.get(r["pid"], r["at_s"])
+        last[r["pid"]] = r["at_s"]
+        print(f"{r['at_s']:7.1f} {gap:6.1f}  {r['role']:<12} {r['phase']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True, help="the run's folder (where metrics.jsonl appears)")
     ap.add_argument("--interval", type=float, default=0.2, help="seconds between samples of the process tree")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--out", help="JSON file for the result")
+    ap.add_argument("--phases", action="store_true", help="also print the start-up's phases, marked by each process")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="the run's command, after --")
     a = ap.parse_args()
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     metrics = Path(a.run_dir) / "metrics.jsonl"
+    env = dict(os.environ)
+    marks_file = Path(tempfile.mkdtemp(prefix="startup-")) / "marks.jsonl"
+    if a.phases:
+        env[STARTUP_LOG] = str(marks_file)
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     series: list[tuple[float, dict]] = []
     record = None
     try:
@@ -117,6 +163,9 @@ def main() -> None:
     )
     for r in rows[:16]:
         print(f"{r['cpu_s']:6.1f} CPU-s {r['rss_mib']:7.0f} MiB  {r['cmd']}")
+    if a.phases:
+        result["phases"] = phases(marks_file, t0)
+        print_phases(result["phases"])
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))
 

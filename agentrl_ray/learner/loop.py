@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from agentrl_ray.config import Config
+from agentrl_ray.infra import startup
 from agentrl_ray.infra.allocator import release_freed_memory
 from agentrl_ray.infra.ray_train import loop_inputs
 from agentrl_ray.learner import guards
@@ -54,12 +55,14 @@ def _train_loop(config: dict[str, Any]) -> None:
     pool, model_path = config["pool"], config["model_path"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    startup.mark(f"learner {rank}", "loop entered (imports done)")
     torch.set_num_threads(config["threads"].learner_worker_threads())  # the run's policy, see threads.py
     torch.manual_seed(cfg.run.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     policy = Policy(model_path, cfg.model, cfg.learner, need_reference=cfg.algorithm.beta > 0)
     state = restore(policy, config.get("resume_from")) or {"step": 0, "samples": 0}
+    startup.mark(f"learner {rank}", "model built")
     start, samples = state["step"], state["samples"]
     sampler = PromptSampler(config["train_rows"], cfg.rollout.prompts_per_step, cfg.run.seed)
     log = feed = sender = watch = check = None
@@ -69,7 +72,9 @@ def _train_loop(config: dict[str, Any]) -> None:
         watch = RunWatch(cfg, config["train_rows"], config["log"])
         sender = make_sender(cfg, policy.lora_scaling)
         pool.ready()  # the engines started while this learner did (driver.train)
+        startup.mark("learner 0", "engines ready")
         sender.setup(pool.workers)
+        startup.mark("learner 0", "weight sync set up")
         feed = RolloutFeed(pool, sender, sampler, cfg)
         if cfg.run.sync_check:
             check = SyncCheck(model_path, tokenizer, cfg.model.dtype, policy.lora_scaling)
@@ -87,11 +92,14 @@ def _train_loop(config: dict[str, Any]) -> None:
         if rank == 0:
             sender.push(named, start)
     elif cfg.run.eval_at_start:
+        startup.mark(f"learner {rank}", "step-0 evaluation starts")
         m = evaluate(feed, policy, config["eval_rows"], cfg, seed=-1, pad_id=pad_id)
         if rank == 0:
             log.log(0, {**m, "samples": 0})  # the driver shows it (run/step_lines.py)
     for step in range(start, cfg.run.steps):
         # rollout (scored in the workers) → broadcast to every rank
+        if step == start:
+            startup.mark(f"learner {rank}", "first step starts")
         t_step = time.perf_counter()
         groups, timings, stats = feed.take(step, version=step) if rank == 0 else (None, RolloutTimings(), {})
         t_rollout = time.perf_counter() - t_step
@@ -138,6 +146,8 @@ def _train_loop(config: dict[str, Any]) -> None:
             finally:  # the step that trips a guard (e.g. reward.max_failing_steps) is logged too
                 log.log(done, metrics)  # the driver shows the step's line (run/step_lines.py)
         stop = broadcast_groups(stop, world)  # every rank stops at the same step
+        if step == start:
+            startup.mark(f"learner {rank}", "first step done")
         if (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0) or done == cfg.run.steps or stop:
             in_flight = batch_state(feed.ready) if rank == 0 else {}
             resume = {"step": done, "samples": samples, "rng": rng_state(), "in_flight": in_flight}

@@ -26,6 +26,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from agentrl_ray.envs.host import EnvHost
+from agentrl_ray.infra import startup
 from agentrl_ray.rollout.deadlines import Deadlines
 from agentrl_ray.types import RunStopped
 
@@ -35,6 +36,11 @@ DEAD_AFTER_S = 30.0  # an actor whose calls fail at once for this long is dead f
 
 class RestartableEnvHost(EnvHost):
     """An env host that tells its process id (restarts change it; chaos tests kill it)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        startup.mark("env host", "actor built (imports done)")
+        super().__init__(*args, **kwargs)
+        startup.mark("env host", "ready")
 
     def pid(self) -> int:
         return os.getpid()

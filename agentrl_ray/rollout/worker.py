@@ -21,6 +21,7 @@ from agentrl_ray.data import row_tools
 from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.envs.loading import env_class as make_env_class
 from agentrl_ray.envs.tools import tool_schemas
+from agentrl_ray.infra import startup
 from agentrl_ray.infra.allocator import release_freed_memory
 from agentrl_ray.infra.threads import ThreadPolicy
 from agentrl_ray.rewards import load_reward_functions, score
@@ -53,6 +54,7 @@ class RolloutWorker:
     ) -> None:
         """`kv_sequences`: the most sequences one rollout call runs on this engine at once (`pool.sequences_per_engine`;
         default `max_num_seqs`), which sizes a CPU engine's KV cache unless `rollout.kv_cache_gib` is set."""
+        startup.mark("engine", "actor built (imports done)")
         # Before the engine starts: vLLM CPU freezes the thread count then (its env vars came with the process).
         torch.set_num_threads(threads.engine_threads())
         from transformers import AutoTokenizer
@@ -70,6 +72,7 @@ class RolloutWorker:
         # Decided once from the class: a turn-based environment (it defines step) talks in user turns, not tools.
         self.turn_based = callable(getattr(env_class, "step", None))
         self.reward_funcs = load_reward_functions(reward_cfg.functions)
+        startup.mark("engine", "tokenizer, env and rewards loaded")
         self.engine = make_engine(
             cfg.backend,
             model_path,
@@ -92,6 +95,7 @@ class RolloutWorker:
         # One rollout call at a time. The pool never sends two, but a learner restarted by Ray Train may send its
         # first while the dead learner's last call still runs here: it waits for it (same environment keys).
         self._one_rollout = asyncio.Lock()
+        startup.mark("engine", "engine loaded")
 
     # ---------------------------------------------------------------- rollouts
 

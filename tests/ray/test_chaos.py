@@ -23,8 +23,6 @@ from agentrl_ray.driver import train
 from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.pool import RolloutPool
 
-pytestmark = pytest.mark.slow
-
 STEPS = 3
 SMALL = [
     *TINY_RUN,
@@ -116,6 +114,7 @@ def _report(label, records, reference):
     print(f"{label}: recovery took ~{extra:.1f} s")
 
 
+@pytest.mark.integration
 def test_killed_actors_are_restarted_and_their_lost_work_redone(reference, tmp_path):
     """One run, two kills: the rollout worker during step 2's rollout, then the env host during step 3's. Each is
     restarted by Ray while the other is left alone, and the run ends with the uninterrupted run's weights."""
@@ -148,6 +147,7 @@ def _thaw(pids):
             pass
 
 
+@pytest.mark.long
 def test_a_frozen_rollout_worker_is_killed_at_its_deadline(reference, tmp_path):
     stopped = []
 
@@ -186,6 +186,7 @@ def _resume(out, name, extra=()):
     return _final_weights(cfg.run_dir), records
 
 
+@pytest.mark.long
 def test_on_policy_resume_after_a_crash_is_bit_identical(reference):
     out = reference[2]
     _crash_after_checkpoint(out, "reference")  # the reference's own run dir: its weights are already in memory
@@ -193,6 +194,7 @@ def test_on_policy_resume_after_a_crash_is_bit_identical(reference):
     _check_same_run(reference, weights, records, "on-policy resume from checkpoint 2")
 
 
+@pytest.mark.long
 def test_overlapped_resume_after_a_crash_is_bit_identical(local_ray, builtin_model_path, tmp_path):
     """Overlapped, step 3's batch was sampled by version 2 while step 2 trained; the checkpoint of step 2 carries it
     (learner/resume_state.py), where a re-sample would use version 3 and give another run."""
@@ -221,6 +223,7 @@ def _learner_pids():
     return pids
 
 
+@pytest.mark.long
 def test_a_frozen_then_a_killed_learner_worker_resume_from_the_latest_checkpoint(reference, tmp_path):
     """One run, two learner failures (one run start instead of two):
     - during step 2's rollout the learner worker is frozen (SIGSTOP): Ray Train's health check of it hangs, and past
@@ -319,6 +322,7 @@ def _freeze_then_kill(driver, marker: str) -> None:
             pass
 
 
+@pytest.mark.long
 def test_a_killed_driver_process_resumes_bit_identical(reference, tmp_path):
     """The real thing the resume tests above recreate on disk: `agentrl-ray train` as its own process is SIGKILLed
     with everything it started once checkpoint 1 is on disk (steps 2 and 3 under way or not begun), and

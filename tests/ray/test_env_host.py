@@ -9,6 +9,8 @@ import ray
 from agentrl_ray.chat_format import ToolCall, parse_tool_calls
 from agentrl_ray.envs.host import EnvHost, ToolResult
 
+pytestmark = pytest.mark.integration
+
 CALCULATOR = "agentrl_ray.envs.builtin.calculator:CalculatorEnv"
 
 

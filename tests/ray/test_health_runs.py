@@ -13,7 +13,7 @@ import pytest
 from agentrl_ray.driver import train
 from agentrl_ray.infra.profiles import load_config
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.long
 
 SMALL = [
     "profile=cpu",

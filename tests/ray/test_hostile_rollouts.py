@@ -45,7 +45,7 @@ from agentrl_ray.envs.isolation.sandbox import network_isolation_available
 from agentrl_ray.types import TokenRole, Trajectory, TrajectoryGroup, role_masks
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.integration,
     pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the sandbox under its own uid (no host writes)"),
     pytest.mark.skipif(not network_isolation_available(), reason="no network namespace here"),
 ]

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 AGENT_PORTS = (
     "dashboard-agent-listen-port",
@@ -101,6 +100,7 @@ def _stop_cluster(temp_dir: str) -> None:
     psutil.wait_procs(alive, timeout=10)
 
 
+@pytest.mark.integration
 def test_ray_job_submit_runs_training(head_node, tmp_path):
     """As a user submits it: `--working-dir .` and a relative output dir. The job runs in a temporary copy in Ray's
     session folder; the outputs must land in a stable place instead ($AGENTRL_HOME here, the home folder by
@@ -161,6 +161,7 @@ print("gcs:", ray.get_runtime_context().gcs_address)
 CONFIG = str(Path(__file__).resolve().parents[2] / "examples/calculator/config.yaml")
 
 
+@pytest.mark.long
 def test_a_run_joins_the_ray_start_cluster_on_this_machine(head_node, tmp_path):
     """`ray start --head`, then a run without RAY_ADDRESS (a workstation): the run's driver joins that cluster. It
     used to pass a local Ray's settings to `ray.init()`, which refuses them when it finds a cluster."""
@@ -173,6 +174,7 @@ def test_a_run_joins_the_ray_start_cluster_on_this_machine(head_node, tmp_path):
     assert f"gcs: {recorded}" in done.stdout, done.stdout + done.stderr[-2000:]
 
 
+@pytest.mark.integration
 def test_a_stale_cluster_record_is_ignored(tmp_path):
     """The record a killed cluster left behind (no GCS serves its address): the run starts its own local Ray and
     says so, instead of failing to join a dead cluster."""

@@ -15,8 +15,6 @@ from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.recovery import RestartableEnvHost
 from agentrl_ray.rollout.worker import RolloutWorker
 
-pytestmark = pytest.mark.slow
-
 # The actor classes Ray reports for each role (env hosts run as the restartable subclass: rollout/recovery.py).
 ROLES = {
     "rollout_node": RolloutWorker.__name__,
@@ -67,6 +65,7 @@ def _records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.long
 def test_three_nodes_train_sync_every_step_and_resume(cluster, tmp_path):
     storage = tmp_path / "storage"
     cfg = load_config(None, [*SMALL, "run.steps=4", f"run.output_dir={storage}"])
@@ -98,7 +97,10 @@ def test_three_nodes_train_sync_every_step_and_resume(cluster, tmp_path):
     assert (run_dir / "checkpoint_000006" / "trainer_state.pt").exists()
 
 
-@pytest.mark.parametrize("transport", ["object_store", "collective"])
+@pytest.mark.parametrize(
+    "transport",
+    [pytest.param("object_store", marks=pytest.mark.long), pytest.param("collective", marks=pytest.mark.integration)],
+)
 def test_sync_across_nodes_makes_the_engine_equal_to_the_sender(cluster, builtin_model_path, transport):
     """The test process (on the head node) plays learner rank 0; the engine runs on the rollout node."""
     from transformers import AutoModelForCausalLM
@@ -137,6 +139,7 @@ def test_sync_across_nodes_makes_the_engine_equal_to_the_sender(cluster, builtin
         placed.release()
 
 
+@pytest.mark.integration
 def test_hub_model_is_one_snapshot_on_every_node(cluster, builtin_model_path, tmp_path, monkeypatch):
     """A Hub id resolved offline on the driver; the nodes that run engines and learner ranks find the same commit's
     snapshot at the same path."""

@@ -12,7 +12,7 @@ from agentrl_ray.learner.policy import lora_tensors
 from agentrl_ray.rollout.pool import RolloutPool
 from agentrl_ray.sync.sender import ObjectStoreSender
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 
 def test_native_lora_sync_matches_the_merged_model(local_ray, builtin_model_path):

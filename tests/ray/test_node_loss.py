@@ -28,8 +28,6 @@ from agentrl_ray.rollout.pool import RolloutPool
 from agentrl_ray.rollout.recovery import RestartableEnvHost
 from agentrl_ray.rollout.worker import RolloutWorker
 
-pytestmark = pytest.mark.slow
-
 # The rollout node offers room for two rollout placement groups: the test's pool's and the one the driver reserves
 # for a pool of its own (unused here: the test hands `train` its pool to watch and kill it).
 ROLLOUT_NODE = {"num_cpus": 4, "resources": {"rollout_node": 10, "env_node": 10}}
@@ -131,6 +129,7 @@ def _alive_on(class_name: str) -> set[str]:
     return {a.node_id for a in actors}
 
 
+@pytest.mark.integration
 def test_each_pinned_bundle_lands_on_its_planned_node(cluster):
     """`cluster.pin` names the plan's other nodes, not the planned one: every bundle still lands on its own node
     (were the selector ignored, PACK would put all of them on one)."""
@@ -157,6 +156,7 @@ def reference(cluster, tmp_path_factory):
     return weights, records, nodes
 
 
+@pytest.mark.long
 def test_lost_nodes_are_replaced_and_the_run_is_the_same(cluster, reference, tmp_path):
     """One run, two nodes lost (one run start instead of two): the rollout node during step 2's rollout, then the
     learner node during step 3's, each replaced by a fresh node of the same shape once it is gone."""

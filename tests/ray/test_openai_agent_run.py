@@ -13,7 +13,7 @@ from builders import TINY_RUN, as_a_user
 from agentrl_ray.infra.profiles import load_config
 
 pytest.importorskip("agents", reason="the OpenAI Agents SDK (the 'agent' extra)")
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.long
 
 
 def test_an_agents_sdk_program_trains_unchanged(builtin_model_path, fresh_copy):

@@ -11,8 +11,6 @@ from agentrl_ray.infra.cluster import apply_plan, learner_scaling, plan_for_clus
 from agentrl_ray.infra.placement import PlacementError
 from agentrl_ray.infra.profiles import load_config
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def one_gpu_cluster():
@@ -35,7 +33,9 @@ class Probe:
         return ray.get_runtime_context().get_node_id(), ray.get_gpu_ids()
 
 
-@pytest.mark.parametrize("profile", ["gpu", "lora"])
+@pytest.mark.parametrize(
+    "profile", [pytest.param("gpu", marks=pytest.mark.long), pytest.param("lora", marks=pytest.mark.integration)]
+)
 def test_one_gpu_places_the_profile(one_gpu_cluster, profile, tmp_path):
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -77,6 +77,7 @@ def test_one_gpu_places_the_profile(one_gpu_cluster, profile, tmp_path):
         placed.release()
 
 
+@pytest.mark.integration
 def test_unsatisfiable_plan_fails_within_seconds(one_gpu_cluster):
     cfg = load_config(
         None, ["profile=gpu", "rollout.num_workers=1", "learner.num_workers=1", "placement.mode=separate"]
@@ -101,6 +102,7 @@ def test_unsatisfiable_plan_fails_within_seconds(one_gpu_cluster):
         remove_placement_group(squatter)
 
 
+@pytest.mark.integration
 def test_auto_profile_is_sized_from_the_cluster(one_gpu_cluster):
     # This machine has no GPU and 2 cores; the cluster this process is connected to has 1 GPU and a 4-CPU node.
     cfg = load_config(None, [])
@@ -109,6 +111,7 @@ def test_auto_profile_is_sized_from_the_cluster(one_gpu_cluster):
     assert plan_for_cluster(cfg).mode == "colocated"
 
 
+@pytest.mark.long
 def test_multi_node_without_shared_storage_is_refused(one_gpu_cluster, tmp_path):
     """The driver runs in a mount namespace of its own whose tmpfs covers the output folder: the folder it writes
     is one that the worker node (where the learner rank runs) does not see, as on two machines without a shared

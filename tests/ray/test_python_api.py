@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["run.steps=4", "run.eval_every=2", "data.eval_size=32", "run.checkpoint_every=0", "run.plot=false"]
 
@@ -47,6 +45,7 @@ NOISE = (
 )
 
 
+@pytest.mark.long
 def test_readme_example_matches_the_cli(tmp_path):
     api_out = _run([sys.executable, str(ROOT / "examples/python_api/train.py"), *SMALL, "run.output_dir=api"], tmp_path)
     api_out = api_out.stdout
@@ -98,6 +97,7 @@ print("ray initialized:", ray.is_initialized(), "| children:", sorted(ray_childr
 """
 
 
+@pytest.mark.integration
 def test_bad_input_found_while_ray_starts_ends_the_run_cleanly(tmp_path):
     """The preflight's tokenizer loads while Ray starts; a prompt over the token budget still fails before any actor
     starts, naming the key to change, and the Ray that train() started is shut down while the caller (a notebook,
@@ -129,6 +129,7 @@ print("watcher:", ray.get_runtime_context().runtime_env["env_vars"]["RAY_TRAIN_E
 """
 
 
+@pytest.mark.integration
 def test_a_local_ray_starts_no_process_the_run_cannot_use(tmp_path):
     """A local run's Ray: no idle workers started ahead of the actors (each actor takes a process of its own runtime
     environment), and Ray Train told not to start its preemption watcher (local_ray.py)."""

@@ -14,6 +14,8 @@ from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.infra.ray_train import ProcessGroupConfig, loop_config, torch_trainer
 from agentrl_ray.infra.threads import ThreadPolicy
 
+pytestmark = pytest.mark.long
+
 HELPERS = {"PlacementGroupCleaner", "_AutoscalingCoordinatorActor", "DatasetManager", "PreemptionWatcher"}
 
 

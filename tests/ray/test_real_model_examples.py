@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from builders import as_a_user
 
-pytestmark = pytest.mark.slow
 SMALL = [
     "profile=cpu",
     "rollout.prompts_per_step=2",
@@ -34,6 +33,7 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.integration
 def test_bfcl_trains_the_real_model_one_step_and_evaluates_per_category(fresh_copy, smollm2_path):
     as_a_user(["python", "examples/bfcl/make_data.py"], fresh_copy)
     assert (fresh_copy / "data" / "bfcl" / "train.jsonl").is_file()
@@ -65,6 +65,7 @@ def test_bfcl_trains_the_real_model_one_step_and_evaluates_per_category(fresh_co
     assert all(r["tools"] == rows[r["prompt_id"]]["tools"] for r in saved)
 
 
+@pytest.mark.long
 def test_bfcl_multi_turn_trains_the_real_model_one_step(fresh_copy, smollm2_path):
     as_a_user(["python", "examples/bfcl/make_data.py"], fresh_copy)
     data = "data/bfcl/multi_turn"
@@ -98,6 +99,7 @@ def test_bfcl_multi_turn_trains_the_real_model_one_step(fresh_copy, smollm2_path
         assert r["finish_reason"] in ("done", "max_turns", "length")
 
 
+@pytest.mark.long
 def test_gsm_tools_warm_starts_then_trains_lora_one_step(fresh_copy, smollm2_path):
     as_a_user(["python", "examples/gsm_tools/make_data.py"], fresh_copy)
     data = fresh_copy / "data" / "gsm_tools" / "chain_sum"

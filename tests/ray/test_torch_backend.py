@@ -15,8 +15,6 @@ from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.pool import RolloutPool
 from agentrl_ray.sync.sender import IpcSender
 
-pytestmark = pytest.mark.slow
-
 ROWS = [
     {"id": "q1", "prompt": "What is 123 + 456?", "answer": "579"},
     {"id": "q2", "prompt": "What is 31 * 7?", "answer": "217"},
@@ -62,6 +60,7 @@ def _hf(model, prompt, n):
     return ids[len(prompt) :], lps
 
 
+@pytest.mark.integration
 def test_ipc_sync_makes_torch_engines_equal_to_the_learner(torch_pool, builtin_model_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -98,6 +97,7 @@ def test_ipc_sync_makes_torch_engines_equal_to_the_learner(torch_pool, builtin_m
         assert max(abs(a - traj.rollout_logprobs[p]) for a, p in zip(ours, pos)) < 1e-4
 
 
+@pytest.mark.integration
 def test_ipc_lora_adapter_is_merged_by_torch_engines(torch_pool, builtin_model_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -117,6 +117,7 @@ def test_ipc_lora_adapter_is_merged_by_torch_engines(torch_pool, builtin_model_p
         assert results[0][0] == expected
 
 
+@pytest.mark.long
 def test_torch_and_vllm_agree_on_the_same_weights(torch_pool, builtin_model_path):
     """Greedy tokens equal and log-probs within 1e-3 on the base model; the gap is the log-prob mismatch the
     learner's importance ratio would see (docs/backends.md reports it at the 0.5B shape)."""
@@ -141,6 +142,7 @@ def test_torch_and_vllm_agree_on_the_same_weights(torch_pool, builtin_model_path
     assert max(gaps) < 1e-3
 
 
+@pytest.mark.integration
 def test_default_run_learns_with_the_torch_backend(local_ray, builtin_model_path, tmp_path):
     """The README's default run (same config and seed), 20 steps on the torch backend with the IPC transport:
     held-out success from ~0 to >= 0.85, and after every sync the engine's greedy output equals transformers on the

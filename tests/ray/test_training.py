@@ -14,8 +14,6 @@ from safetensors.torch import load_file
 from agentrl_ray.driver import SNAPSHOT, train
 from agentrl_ray.infra.profiles import load_config
 
-pytestmark = pytest.mark.slow
-
 SMALL = [
     "profile=cpu",
     "rollout.prompts_per_step=4",
@@ -61,6 +59,7 @@ def two_steps(local_ray, tmp_path_factory):
     return cwd, cfg, metrics, pristine
 
 
+@pytest.mark.integration
 def test_steps_change_weights_then_resume_continues(two_steps, builtin_model_path, monkeypatch):
     tmp_path, cfg, metrics, _ = two_steps
     monkeypatch.chdir(tmp_path)
@@ -103,6 +102,7 @@ def _cut(path, keep=0.5):
     path.write_bytes(data[: int(len(data) * keep)])
 
 
+@pytest.mark.integration
 def test_a_run_starts_no_ray_data_actor(two_steps):
     """Ray Train's TorchTrainer starts a Ray Data `DatasetManager` actor for every fit, datasets or not; ours leaves
     it out (infra/ray_train.py `torch_trainer`): ~200 MiB and a process start less, and the run above still trained."""
@@ -115,6 +115,7 @@ def test_a_run_starts_no_ray_data_actor(two_steps):
     assert not any("DatasetManager" in name for name in classes), classes
 
 
+@pytest.mark.integration
 def test_resume_after_a_torn_snapshot_checkpoint_and_metrics_line(two_steps, tmp_path):
     """A real resume after a crash tore the run directory: Ray Train's checkpoint snapshot is cut short, the latest
     checkpoint's weights file is truncated and metrics.jsonl ends with half a line. The resume falls back to the
@@ -139,6 +140,7 @@ def test_resume_after_a_torn_snapshot_checkpoint_and_metrics_line(two_steps, tmp
     assert state["step"] == 3
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     "variant",
     [
@@ -196,6 +198,7 @@ def test_other_learner_setups_train(local_ray, builtin_model_path, tmp_path, var
         assert sum(not torch.equal(base[k], new[k]) for k in new if k in base) > len(new) // 2
 
 
+@pytest.mark.long
 def test_overlapped_rollout_trains_one_version_behind(local_ray, builtin_model_path, tmp_path):
     """sync.max_staleness=1: step t+1's batch is generated while the learner trains on step t, so it was sampled by
     the weights one version behind the learner's (the first step's by the current ones). An evaluation mid-run

@@ -11,7 +11,7 @@ import pytest
 from agentrl_ray.driver import train
 from agentrl_ray.infra.profiles import load_config
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.long
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "conversation"
 
 

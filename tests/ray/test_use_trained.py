@@ -19,8 +19,6 @@ from agentrl_ray.trained.evaluate import evaluate_checkpoint
 from agentrl_ray.trained.export import export
 from agentrl_ray.trained.inference import Agent
 
-pytestmark = pytest.mark.slow
-
 RUN = [
     "profile=cpu",
     "rollout.prompts_per_step=8",
@@ -39,14 +37,23 @@ VARIANTS = {"full": [], "lora": ["profile=lora", "learner.lora.r=8", "learner.lr
 NEW_TOKENS = 24
 
 
+class _Runs(dict):
+    """The trained runs by variant, each trained on first use and kept for the module: make test's tier uses the
+    LoRA run alone, so it trains that one only."""
+
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+
+    def __missing__(self, name):
+        cfg = load_config(None, [*RUN, *VARIANTS[name], f"run.output_dir={self.out}", f"run.name={name}"])
+        self[name] = (cfg.run_dir, train(cfg))
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def runs(local_ray, builtin_model_path, tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs")
-    done = {}
-    for name, extra in VARIANTS.items():
-        cfg = load_config(None, [*RUN, *extra, f"run.output_dir={out}", f"run.name={name}"])
-        done[name] = (cfg.run_dir, train(cfg))
-    return done
+    return _Runs(tmp_path_factory.mktemp("runs"))
 
 
 def _prompts(tokenizer, n=8):
@@ -85,7 +92,9 @@ def _agreeing_prefix(a, b):
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize(
+    "name", [pytest.param("full", marks=pytest.mark.long), pytest.param("lora", marks=pytest.mark.integration)]
+)
 def test_eval_reproduces_run_then_exports_round_trip(runs, name, tmp_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -149,6 +158,7 @@ def test_eval_reproduces_run_then_exports_round_trip(runs, name, tmp_path, capsy
     assert agreement["f16"] >= 0.9 * total
 
 
+@pytest.mark.long
 def test_chat_in_a_terminal(runs):
     """A person types a question in a real terminal (a pty), the model calls the calculator, the answer comes back."""
     import ray

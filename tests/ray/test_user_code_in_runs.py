@@ -26,7 +26,6 @@ from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.pool import RolloutPool
 from agentrl_ray.types import RunStopped
 
-pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -51,6 +50,7 @@ def _steps(cfg):
     return [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.long
 def test_a_run_stopped_by_a_guard_is_not_retried_from_its_checkpoint(
     builtin_model_path, tmp_path, monkeypatch, own_ray
 ):
@@ -72,6 +72,7 @@ def test_a_run_stopped_by_a_guard_is_not_retried_from_its_checkpoint(
     assert [r["step"] for r in _steps(cfg)] == [1]  # the step that tripped the guard is logged, once
 
 
+@pytest.mark.integration
 def test_a_hostile_user_environment_costs_only_its_own_trajectories(builtin_model_path, tmp_path, own_ray):
     extra = ["run.steps=3", "env.name=tests.ray.hostile_env:HostileCalculator", "env.tool_timeout_s=2"]
     cfg = _config(tmp_path, "hostile", extra)
@@ -97,6 +98,7 @@ def test_a_hostile_user_environment_costs_only_its_own_trajectories(builtin_mode
     assert stats["open"] == 0 and stats["children_alive"] == 0  # every trajectory's child gone at the end
 
 
+@pytest.mark.long
 def test_tools_from_an_mcp_server_train_as_the_built_in_ones(builtin_model_path, tmp_path, own_ray):
     """examples/mcp_calculator as its header runs it, shortened: every trajectory's calculator is a real MCP server
     (the SDK's MCPServer over stdio, started in the trajectory's env child); the model's calls reach it, its

@@ -16,8 +16,6 @@ from agentrl_ray.rollout.sampling import inverse_cdf
 from agentrl_ray.rollout.torch_engine import TorchEngine
 from agentrl_ray.rollout.vllm_engine import CPU_BLOCK_SIZE, vllm_env
 
-pytestmark = pytest.mark.slow
-
 
 @ray.remote(num_cpus=1, runtime_env={"env_vars": vllm_env(use_gpu=False)})
 def _prefill(model_path: str, prompt: list[int], copies: int, engine_kwargs: dict) -> tuple[int, list[int]]:
@@ -45,6 +43,7 @@ def _prefill(model_path: str, prompt: list[int], copies: int, engine_kwargs: dic
     return engine.llm.llm_engine.vllm_config.cache_config.block_size, [o.num_cached_tokens for o in outs]
 
 
+@pytest.mark.long
 def test_copies_of_a_prompt_share_its_whole_blocks(local_ray, builtin_model_path):
     prompt = [(7 * i) % 300 + 10 for i in range(70)]  # two whole 32-token blocks and 6 tokens
     block, cached = ray.get(_prefill.remote(builtin_model_path, prompt, 4, {}))
@@ -53,6 +52,7 @@ def test_copies_of_a_prompt_share_its_whole_blocks(local_ray, builtin_model_path
     assert sorted(cached) == [0, 64, 64, 64]
 
 
+@pytest.mark.integration
 def test_a_block_size_in_engine_kwargs_wins(local_ray, builtin_model_path):
     """The user's `rollout.engine_kwargs.block_size` replaces ours: at 128 the 70-token prompt shares nothing."""
     prompt = [(7 * i) % 300 + 10 for i in range(70)]
@@ -83,6 +83,7 @@ def _first_tokens(model_path: str, prompt: list[int], seeds: list[int], temperat
     return [g.token_ids[0] for g in gens]
 
 
+@pytest.mark.integration
 def test_sampling_inverts_the_cdf_at_the_seeds_uniform_like_the_torch_engine(local_ray, builtin_model_path):
     prompt = [(13 * i) % 200 + 5 for i in range(9)]  # the built-in model's next token is uncertain here
     seeds, temperature = list(range(300)), 1.5

@@ -17,8 +17,6 @@ from agentrl_ray.rollout.vllm_engine import kv_bytes_per_token
 from agentrl_ray.sync.collective import collective_backend
 from agentrl_ray.sync.sender import CollectiveSender, ObjectStoreSender
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def setup(local_ray, builtin_model_path):
@@ -57,6 +55,7 @@ def _hf_logprobs(model, ids: list[int], positions: list[int]) -> list[float]:
     return [float(logp[p - 1, ids[p]]) for p in positions]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("transport", ["object_store", "collective"])
 def test_sync_makes_engines_equal_to_learner(setup, transport):
     cfg, pool, tok, model = setup
@@ -98,6 +97,7 @@ def test_sync_makes_engines_equal_to_learner(setup, transport):
         assert [ids for ids, _ in results] == expected
 
 
+@pytest.mark.integration
 def test_lora_adapter_sync_matches_merged_model(setup, builtin_model_path):
     """LoRA: only A/B tensors travel; the engine merges them and then generates like the peft model."""
     from peft import LoraConfig, get_peft_model
@@ -123,6 +123,7 @@ def test_lora_adapter_sync_matches_merged_model(setup, builtin_model_path):
         assert results[0][0] == expected
 
 
+@pytest.mark.long
 def test_large_seeded_batch_is_scheduled_over_several_engine_steps(local_ray, builtin_model_path):
     """More prompt tokens than the engine prefills in one step, every request seeded (as rollouts are): vLLM CPU
     crashed on the partial prefill of a seeded request. A fresh engine, so no prompt prefix is cached yet."""
@@ -140,6 +141,7 @@ def test_large_seeded_batch_is_scheduled_over_several_engine_steps(local_ray, bu
     assert all(t.finish_reason in ("answer", "length", "max_turns") and sum(t.action_mask) > 0 for t in trajs)
 
 
+@pytest.mark.integration
 def test_engines_kv_cache_is_sized_to_the_run(setup, builtin_model_path):
     """vLLM allocated each engine the cache the run needs (its largest rollout call at the whole token budget), to
     the MiB: not vLLM CPU's most-of-RAM default, nor a fixed GiB of which most would stay unused."""
@@ -150,6 +152,7 @@ def test_engines_kv_cache_is_sized_to_the_run(setup, builtin_model_path):
         assert need <= tokens <= need + tokens_per_mib
 
 
+@pytest.mark.integration
 def test_cpu_engines_start_with_the_allocator_settings(setup):
     """Each engine's process started with allocator_env's variables (glibc reads them only then): a decode step's
     large tensors stay mapped for the next (allocator.py)."""
@@ -162,6 +165,7 @@ def test_cpu_engines_start_with_the_allocator_settings(setup):
         assert {k: environ.get(k) for k in want} == want
 
 
+@pytest.mark.long
 def test_a_short_kv_cache_queues_sequences(local_ray, builtin_model_path):
     """A cache set by hand far below what a call needs (16 MiB: ~50 of 300 sequences at the whole token budget) makes
     vLLM run the sequences in turns; every one of them still completes."""
@@ -182,6 +186,7 @@ def test_a_short_kv_cache_queues_sequences(local_ray, builtin_model_path):
     assert all(t.finish_reason in ("answer", "length", "max_turns") and sum(t.action_mask) > 0 for t in trajs)
 
 
+@pytest.mark.integration
 def test_the_same_row_twice_in_one_batch(setup):
     """A prompt window that crosses an epoch boundary can hold a row twice: each copy gets its own environments."""
     row = {"id": "dup", "prompt": "What is 12 + 30?", "answer": "42"}
@@ -190,6 +195,7 @@ def test_the_same_row_twice_in_one_batch(setup):
     assert all(g.prompt_id == "dup" for g in groups)
 
 
+@pytest.mark.long
 def test_the_ipc_handoff_benchmark_runs_on_a_cpu(local_ray, tmp_path):
     """benchmarks/ipc_handoff.py (the colocated handoff's s/GB, docs/learner_speed.md) at a small shape: both
     transports through the real sender, receiver and torch engine actor leave the engine holding the learner's

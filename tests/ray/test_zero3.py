@@ -24,7 +24,7 @@ from agentrl_ray.driver import train
 from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.rollout.pool import RolloutPool
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.long
 
 ZERO3 = [
     "profile=cpu",

@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 import ray
 import ray.cloudpickle
 import ray.train
@@ -18,6 +19,8 @@ import torch
 from agentrl_ray.infra.profiles import load_config
 from agentrl_ray.infra.ray_train import ProcessGroupConfig, loop_config, torch_trainer
 from agentrl_ray.types import Trajectory, TrajectoryGroup
+
+pytestmark = pytest.mark.long
 
 
 def _traj(prompt: str, index: int, reward: float) -> Trajectory:

@@ -38,7 +38,7 @@ def _ids(rows: int, lengths: list[int], vocab: int, seed: int) -> torch.Tensor:
     return ids
 
 
-@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
+@pytest.mark.long  # minutes of compiling or a benchmark's run: make test-all (docs/testing.md)
 def test_bucketed_forwards_give_the_eager_numbers_with_one_graph_per_padded_shape(builtin_model_path, monkeypatch):
     eager = _policy(builtin_model_path, monkeypatch, "learner.compile=false")
     bucketed = _policy(builtin_model_path, monkeypatch, "learner.compile=true", "learner.compile_buckets=16")

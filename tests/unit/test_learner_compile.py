@@ -60,7 +60,7 @@ def _assert_same_logprobs_and_grads(eager, compiled, ids: torch.Tensor) -> None:
         assert (got_grads[name] - want).norm() <= 1e-4 * want.norm() + 1e-8, name
 
 
-@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
+@pytest.mark.long  # minutes of compiling or a benchmark's run: make test-all (docs/testing.md)
 def test_compiled_layers_compute_what_eager_layers_compute(builtin_model_path):
     eager, compiled = _lora_model(builtin_model_path), _lora_model(builtin_model_path)
     names = [n for n, _ in compiled.named_parameters()]
@@ -76,7 +76,7 @@ def test_compiled_layers_compute_what_eager_layers_compute(builtin_model_path):
     assert all(getattr(m, "_compiled_call_impl", None) is not None for m in _decoder_layers(compiled))
 
 
-@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
+@pytest.mark.long  # minutes of compiling or a benchmark's run: make test-all (docs/testing.md)
 def test_the_compiled_stack_computes_what_eager_layers_compute(builtin_model_path, monkeypatch):
     """COMPILE_SCOPE="stack": the module holding the decoder layers compiled as one graph (the benchmark's `stack`
     lever) gives the eager log-probs and gradients, under the same parameter names."""

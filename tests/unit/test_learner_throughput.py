@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow  # over ~3 s: left out of `make test-fast`
+@pytest.mark.long  # minutes of compiling or a benchmark's run: make test-all (docs/testing.md)
 def test_learner_throughput_benchmark_runs_on_a_cpu(tmp_path):
     out = tmp_path / "lt.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "learner_throughput.py"), "--device=cpu", "--shape=tiny"]
@@ -85,7 +85,7 @@ def test_the_share_levers_set_the_shared_prefix_whatever_auto_would(monkeypatch,
     assert load_config(None, bucketed).learner.compile_buckets == learner_throughput.BUCKET > 0
 
 
-@pytest.mark.slow
+@pytest.mark.long  # minutes of compiling or a benchmark's run: make test-all (docs/testing.md)
 def test_a_variant_past_its_timeout_is_stopped_and_the_next_still_runs(tmp_path):
     """--variant-timeout: the first variant's endless steps are cut, its steps so far recorded, and the second runs."""
     out = tmp_path / "lt.json"

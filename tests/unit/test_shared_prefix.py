@@ -95,6 +95,7 @@ def test_a_common_prefix_beyond_the_prompt_and_a_left_padded_batch(builtin_model
     torch.testing.assert_close(packed, plain, rtol=0, atol=0)
 
 
+@pytest.mark.long  # minutes of compiling or a benchmark's run: make test-all (docs/testing.md)
 def test_compiled_layers_run_the_packed_micro_batch(builtin_model_path, monkeypatch):
     """learner.compile=true (inductor, dynamic shapes) through the packed path, two prompt lengths and row counts
     on one compiled graph: the eager unpacked log-probs and gradients to float rounding."""
