@@ -115,15 +115,75 @@ def init_ray(cfg: Config, threads: ThreadPolicy, log_file: str | None = None) ->
         ray.init(address=address, runtime_env={"env_vars": env_vars}, log_to_driver=forward)
     else:
         env = runtime_env(env_vars, log_file)
-        ray.init(
-            address="local",
-            include_dashboard=False,
-            runtime_env=env,
-            _system_config=SYSTEM_CONFIG,
-            log_to_driver=forward,
+        start_local_ray(
+            dict(
+                address="local",
+                include_dashboard=False,
+                runtime_env=env,
+                _system_config=SYSTEM_CONFIG,
+                log_to_driver=forward,
+            )
         )
         global _STARTED
         _STARTED = ray.get_runtime_context().gcs_address
+
+
+START_ATTEMPTS = 3
+_TIMED_OUT = "timed out during startup"  # ray/_private/node.py: the raylet did not register within its fixed 30 s
+
+
+def start_local_ray(init_args: dict, attempts: int = START_ATTEMPTS) -> None:
+    """`ray.init` of a local Ray, tried again when its node timed out during start-up. Ray waits a fixed 30 s for the
+    raylet to register with the GCS, which a busy machine can exceed (seen at load ~7 on 2 cores: "The current node
+    timed out during startup ... GCS has become overloaded"); the same run then starts alone. The half-started
+    processes of a failed attempt are ended first, and the console says what happened."""
+    import ray
+
+    from agentrl_ray.infra import console
+
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**init_args)
+            return
+        except Exception as err:
+            if _TIMED_OUT not in str(err) or attempt == attempts:
+                raise
+            ended = _end_half_started_ray()
+            load = os.getloadavg()[0]
+            console.say(
+                f"agentrl-ray: the local Ray did not start within Ray's 30 s (load {load:.1f} on {os.cpu_count()} "
+                f"cores); ended its {ended} processes, trying again ({attempt + 1}/{attempts})"
+            )
+
+
+def _end_half_started_ray() -> int:
+    """Kill the Ray processes a failed `ray.init` left as this process's children (GCS, raylet, agents, their
+    workers); returns how many. Ray's own `shutdown` knows nothing of a node that never finished starting."""
+    import psutil
+    import ray
+
+    ray.shutdown()
+    ray_dir = os.path.dirname(ray.__file__)
+    ours = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if any(ray_dir in arg for arg in child.cmdline()):
+                ours.append(child)
+        except psutil.Error:
+            pass
+    descendants = list(ours)
+    for proc in ours:
+        try:
+            descendants += proc.children(recursive=True)
+        except psutil.Error:
+            pass
+    for proc in set(descendants):
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(list(set(descendants)), timeout=10)
+    return len(set(ours))
 
 
 def started_here() -> bool:
