@@ -34,7 +34,7 @@ class Probe:
 
 
 @pytest.mark.parametrize(
-    "profile", [pytest.param("gpu", marks=pytest.mark.long), pytest.param("lora", marks=pytest.mark.integration)]
+    "profile", [pytest.param("gpu", marks=pytest.mark.long), pytest.param("lora", marks=pytest.mark.long)]
 )
 def test_one_gpu_places_the_profile(one_gpu_cluster, profile, tmp_path):
     from ray.train.torch import TorchConfig, TorchTrainer

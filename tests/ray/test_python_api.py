@@ -129,7 +129,7 @@ print("watcher:", ray.get_runtime_context().runtime_env["env_vars"]["RAY_TRAIN_E
 """
 
 
-@pytest.mark.integration
+@pytest.mark.long
 def test_a_local_ray_starts_no_process_the_run_cannot_use(tmp_path):
     """A local run's Ray: no idle workers started ahead of the actors (each actor takes a process of its own runtime
     environment), and Ray Train told not to start its preemption watcher (local_ray.py)."""

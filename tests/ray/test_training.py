@@ -115,7 +115,7 @@ def test_a_run_starts_no_ray_data_actor(two_steps):
     assert not any("DatasetManager" in name for name in classes), classes
 
 
-@pytest.mark.integration
+@pytest.mark.long
 def test_resume_after_a_torn_snapshot_checkpoint_and_metrics_line(two_steps, tmp_path):
     """A real resume after a crash tore the run directory: Ray Train's checkpoint snapshot is cut short, the latest
     checkpoint's weights file is truncated and metrics.jsonl ends with half a line. The resume falls back to the

@@ -72,7 +72,7 @@ def test_a_run_stopped_by_a_guard_is_not_retried_from_its_checkpoint(
     assert [r["step"] for r in _steps(cfg)] == [1]  # the step that tripped the guard is logged, once
 
 
-@pytest.mark.integration
+@pytest.mark.long
 def test_a_hostile_user_environment_costs_only_its_own_trajectories(builtin_model_path, tmp_path, own_ray):
     extra = ["run.steps=3", "env.name=tests.ray.hostile_env:HostileCalculator", "env.tool_timeout_s=2"]
     cfg = _config(tmp_path, "hostile", extra)

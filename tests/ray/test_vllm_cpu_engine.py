@@ -52,7 +52,7 @@ def test_copies_of_a_prompt_share_its_whole_blocks(local_ray, builtin_model_path
     assert sorted(cached) == [0, 64, 64, 64]
 
 
-@pytest.mark.integration
+@pytest.mark.long
 def test_a_block_size_in_engine_kwargs_wins(local_ray, builtin_model_path):
     """The user's `rollout.engine_kwargs.block_size` replaces ours: at 128 the 70-token prompt shares nothing."""
     prompt = [(7 * i) % 300 + 10 for i in range(70)]
