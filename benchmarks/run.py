@@ -67,9 +67,9 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
         ),
         "startup_cpu": Benchmark(
             "startup_cpu.py",
-            "CPU-seconds and RSS of every process of a run before step 1, against the cores' bound",
+            "where a run's start-up goes: each process's phases, and its CPU-seconds against the cores' bound",
             "docs/benchmarks.md",
-            "--run-dir runs/startup/s -- agentrl-ray train examples/calculator/config.yaml run.output_dir=runs/startup "
+            "--phases --run-dir runs/startup/s -- agentrl-ray train examples/calculator/config.yaml run.output_dir=runs/startup "
             "run.name=s run.steps=3 run.eval_every=0 run.eval_at_start=false",
         ),
         "real_model": Benchmark(

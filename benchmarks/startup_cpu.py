@@ -39,6 +39,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from process_tree import tree  # noqa: E402  (the side-by-side's tree walk)
+from results_path import cpu_tag  # noqa: E402
 
 STARTUP_LOG = "AGENTRL_STARTUP_LOG"  # agentrl_ray/infra/startup.py's ENV
 
@@ -150,7 +151,11 @@ def main() -> None:
     )
     cores = psutil.cpu_count()
     total = sum(r["cpu_s"] for r in rows)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {
+        "command": cmd,
+        "commit": commit or None,
+        "machine": cpu_tag(),
         "startup_s": start,
         "cpu_s_before_step1": total,
         "cores": cores,
