@@ -164,26 +164,20 @@ def _end_half_started_ray() -> int:
 
     ray.shutdown()
     ray_dir = os.path.dirname(ray.__file__)
-    ours = []
+    ours: dict[int, psutil.Process] = {}
     for child in psutil.Process().children(recursive=True):
         try:
-            if any(ray_dir in arg for arg in child.cmdline()):
-                ours.append(child)
+            if any(ray_dir in arg for arg in child.cmdline()):  # GCS, raylet, agents (workers retitle themselves)
+                ours.update({p.pid: p for p in [child, *child.children(recursive=True)]})
         except psutil.Error:
             pass
-    descendants = list(ours)
-    for proc in ours:
-        try:
-            descendants += proc.children(recursive=True)
-        except psutil.Error:
-            pass
-    for proc in set(descendants):
+    for proc in ours.values():
         try:
             proc.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(list(set(descendants)), timeout=10)
-    return len(set(ours))
+    psutil.wait_procs(list(ours.values()), timeout=10)
+    return len(ours)
 
 
 def started_here() -> bool:
