@@ -18,10 +18,14 @@ ratio per token, KL to a frozen reference added to the loss. Where we deviate fr
 3. Clip-higher (DAPO): separate `epsilon` (low) and `epsilon_high`.
 4. Sequence-level importance ratio (GSPO, https://arxiv.org/abs/2507.18071), in its GSPO-token form.
 5. Multi-turn agents: only action tokens (sampled by the policy) carry the policy loss; tool output is context.
-6. Truncated importance sampling (TIS; Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy
-   RL training", https://fengyao.notion.site/off-policy-rl): vLLM's sampling probabilities differ from the
-   learner's, so with `tis_cap > 0` the PPO ratio is taken against the learner's own recomputed logprobs and each
-   token's loss is weighted by min(pi_learner_old / pi_vllm, cap).
+6. Off-policy corrections of the engine/learner mismatch: vLLM's sampling probabilities differ from the learner's,
+   so with `tis_cap > 0` the PPO ratio is taken against the learner's own recomputed logprobs and each token's loss
+   is weighted from w = pi_learner_old / pi_rollout (`is_correction`): truncated IS, min(w, cap) (TIS; Yao et al.
+   2025, "Your efficient RL framework secretly brings you off-policy RL training",
+   https://fengyao.notion.site/off-policy-rl); masked IS, w inside [is_band_low, cap] and 0 outside, so that tokens
+   the engine and learner disagree on leave the loss instead of being clipped (IcePop, Ring-1T,
+   https://arxiv.org/abs/2510.18855); sequence-level IS, every token of a sequence weighted by min(geometric mean
+   of its tokens' w, cap) (the length-normalized sequence ratio of GSPO, https://arxiv.org/abs/2507.18071).
 7. DAPO data shaping: dynamic sampling (drop zero-variance groups), overlong filtering (`mask_truncated`) and the
    soft overlong punishment (`overlong_penalty`).
 8. ECHO (https://arxiv.org/abs/2605.24517, "ECHO: Terminal Agents Learn World Models for Free"): the same forward
@@ -219,15 +223,38 @@ def _policy_terms(
         "clip_frac_low": _masked_mean(((ratio < 1.0 - cfg.epsilon) & (adv < 0)).float(), mask),
         "clip_frac_high": _masked_mean(((ratio > 1.0 + cfg.epsilon_high) & (adv > 0)).float(), mask),
         "ratio_mean": _masked_mean(ratio.detach(), mask),
-        "tis_clip_frac": 0.0,
+        "is_clipped_frac": 0.0,
+        "is_masked_frac": 0.0,
     }
     if cfg.tis_cap > 0:
-        # TIS: weight by the learner/rollout mismatch of the OLD policy, truncated at the cap; no gradient.
-        log_w = torch.where(mask > 0, old_logprobs - batch.rollout_logprobs, torch.zeros_like(old_logprobs))
-        weight = torch.exp(log_w).detach()  # (B, T)
-        per_token = per_token * weight.clamp(max=cfg.tis_cap)
-        metrics["tis_clip_frac"] = _masked_mean((weight > cfg.tis_cap).float(), mask)
+        weight, clipped, masked = off_policy_weights(old_logprobs, batch.rollout_logprobs, mask, cfg)
+        per_token = per_token * weight
+        metrics["is_clipped_frac"] = _masked_mean(clipped.float(), mask)
+        metrics["is_masked_frac"] = _masked_mean(masked.float(), mask)
     return per_token, metrics
+
+
+def off_policy_weights(
+    old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cfg: AlgorithmConfig
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Each token's weight for the mismatch between the learner's old policy and the engine that sampled it, (B, T),
+    no gradient; and which tokens the correction clipped and which it masked out, (B, T) bools. w = exp(old -
+    rollout) per token; `truncated`: min(w, cap); `masked`: w inside [is_band_low, cap], else 0; `sequence`:
+    min(exp(mean over the sequence's tokens of log w), cap), the same for every token of the sequence."""
+    log_w = torch.where(mask > 0, old_logprobs - rollout_logprobs, torch.zeros_like(old_logprobs)).detach()  # (B, T)
+    none = torch.zeros_like(mask, dtype=torch.bool)
+    if cfg.is_correction == "truncated":
+        w = torch.exp(log_w)
+        return w.clamp(max=cfg.tis_cap), w > cfg.tis_cap, none
+    if cfg.is_correction == "masked":
+        w = torch.exp(log_w)
+        outside = (w < cfg.is_band_low) | (w > cfg.tis_cap)
+        return torch.where(outside, torch.zeros_like(w), w), none, outside
+    if cfg.is_correction == "sequence":
+        log_seq = log_w.sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)  # (B, 1)
+        w = torch.exp(log_seq).expand_as(log_w)  # (B, T): the sequence's weight on each of its tokens
+        return w.clamp(max=cfg.tis_cap), w > cfg.tis_cap, none
+    raise ValueError(f"unknown off-policy correction {cfg.is_correction!r}")
 
 
 def compute_loss(

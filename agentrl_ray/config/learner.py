@@ -36,7 +36,13 @@ class AlgorithmConfig:
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """Estimator of the KL penalty."""
     tis_cap: float = 0.0
-    """Truncated importance sampling: cap of the learner/rollout probability ratio (0 = off)."""
+    """Off-policy correction of the learner/rollout mismatch, on when > 0: the cap (or the band's top, `masked`) of
+    each token's ratio w = pi_learner_old / pi_rollout."""
+    is_correction: Literal["truncated", "masked", "sequence"] = "truncated"
+    """With tis_cap > 0: weight each token by min(w, cap) (TIS), or by w inside [is_band_low, cap] and leave the
+    tokens outside out (masked IS, ICEPOP), or weight every token of a sequence by min(geometric mean of its w, cap)."""
+    is_band_low: float = 0.5
+    """The bottom of the masked correction's band."""
     dynamic_sampling: Literal["off", "drop", "resample"] = "off"
     """Groups whose rewards are all equal: keep them, drop them, or drop and refill (DAPO)."""
     max_resample_rounds: int = 3
@@ -53,6 +59,7 @@ class AlgorithmConfig:
         need(self.num_iterations >= 1, "algorithm.num_iterations must be at least 1")
         need(self.beta >= 0, "algorithm.beta must be >= 0")
         need(self.tis_cap == 0 or self.tis_cap >= 1, "algorithm.tis_cap must be 0 (off) or >= 1")
+        need(0 < self.is_band_low <= 1, "algorithm.is_band_low must be in (0, 1]")
 
 
 @dataclass

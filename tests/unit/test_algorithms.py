@@ -301,7 +301,7 @@ def test_truncated_importance_sampling():
     value, grad, m = loss_and_grad(old, batch, AlgorithmConfig(tis_cap=2.0), old=old)
     assert value == pytest.approx(-1.5)
     torch.testing.assert_close(grad, torch.tensor([[0.0, -1 / 6, -2 / 3, -2 / 3]]))
-    assert m["tis_clip_frac"] == pytest.approx(1 / 3)
+    assert m["is_clipped_frac"] == pytest.approx(1 / 3) and m["is_masked_frac"] == 0.0
     # learner - rollout = m = [-ln 2, ln 2, 2 ln 2]: mean |m| = 4 ln 2 / 3 = 0.924196;
     # k3 = e^m - 1 - m = [0.193147, 0.306853, 1.613706] → mean 0.704569
     assert m["mismatch_abs"] == pytest.approx(4 * LN2 / 3)
@@ -313,7 +313,54 @@ def test_tis_off_ignores_rollout_mismatch_weights():
     rollout = [[0.0, -1.0 + LN2, -1.0 - LN2, -1.0 - 2 * LN2]]
     batch = make_batch([[0, 1, 1, 1]], [1.0], rollout_logprobs=rollout)
     value, _, m = loss_and_grad([[0.0, -1.0, -1.0, -1.0]], batch, AlgorithmConfig())
-    assert value == pytest.approx(-1.0) and m["tis_clip_frac"] == 0.0
+    assert value == pytest.approx(-1.0) and m["is_clipped_frac"] == 0.0 and m["is_masked_frac"] == 0.0
+
+
+# Masked IS (IcePop): the same w = [0.5, 2, 4]; band [0.5, 2] keeps the first two at their w and masks the third:
+# loss = -(0.5 + 2 + 0) / 3 = -5/6, grad = -w / 3 inside the band, 0 outside. A band from 0.6 masks w = 0.5 too.
+
+
+@pytest.mark.parametrize(
+    "low,value,grad,masked",
+    [(0.5, -5 / 6, [0.0, -1 / 6, -2 / 3, 0.0], 1 / 3), (0.6, -2 / 3, [0.0, 0.0, -2 / 3, 0.0], 2 / 3)],
+)
+def test_masked_importance_sampling_leaves_tokens_outside_the_band_out(low, value, grad, masked):
+    old = [[0.0, -1.0, -1.0, -1.0]]
+    rollout = [[0.0, -1.0 + LN2, -1.0 - LN2, -1.0 - 2 * LN2]]
+    batch = make_batch([[0, 1, 1, 1]], [1.0], rollout_logprobs=rollout)
+    cfg = AlgorithmConfig(tis_cap=2.0, is_correction="masked", is_band_low=low)
+    got, g, m = loss_and_grad(old, batch, cfg, old=old)
+    assert got == pytest.approx(value)
+    torch.testing.assert_close(g, torch.tensor([grad]))
+    assert m["is_masked_frac"] == pytest.approx(masked) and m["is_clipped_frac"] == 0.0
+
+
+# Sequence-level IS: row 0's w = [0.5, 2, 4] has geometric mean exp((-ln 2 + ln 2 + 2 ln 2) / 3) = 2^(2/3) = 1.5874;
+# row 1's single action token has w = 1/4 (its prompt and padding positions, whatever their values, do not count).
+# Cap 2: weights [2^(2/3)] x 3 and [1/4]; token_mean over 4 tokens: loss = -(3 * 2^(2/3) + 1/4) / 4.
+# Cap 1.5 clips row 0 to 1.5: loss = -(4.5 + 0.25) / 4, and 3 of the 4 tokens were clipped.
+
+
+@pytest.mark.parametrize("cap,row0,clipped", [(2.0, 2 ** (2 / 3), 0.0), (1.5, 1.5, 0.75)])
+def test_sequence_level_importance_sampling_weights_each_sequence_by_its_geometric_mean(cap, row0, clipped):
+    old = [[0.0, -1.0, -1.0, -1.0], [0.0, -1.0, 0.0, 0.0]]
+    rollout = [[0.0, -1.0 + LN2, -1.0 - LN2, -1.0 - 2 * LN2], [5.0, -1.0 + 2 * LN2, -3.0, 7.0]]
+    batch = make_batch([[0, 1, 1, 1], [0, 1, 0, 0]], [1.0, 1.0], rollout_logprobs=rollout)
+    cfg = AlgorithmConfig(tis_cap=cap, is_correction="sequence")
+    value, grad, m = loss_and_grad(old, batch, cfg, old=old)
+    assert value == pytest.approx(-(3 * row0 + 0.25) / 4)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -row0 / 4, -row0 / 4, -row0 / 4], [0.0, -1 / 16, 0.0, 0.0]]))
+    assert m["is_clipped_frac"] == pytest.approx(clipped) and m["is_masked_frac"] == 0.0
+
+
+def test_an_unknown_correction_is_a_config_error():
+    from agentrl_ray.config import ConfigError
+    from agentrl_ray.infra.profiles import load_config
+
+    with pytest.raises(ConfigError, match="is_correction"):
+        load_config(None, ["algorithm.is_correction=clipped"])
+    with pytest.raises(ConfigError, match="is_band_low"):
+        load_config(None, ["algorithm.is_band_low=0"])
 
 
 # ----------------------------------------------------------------------------------------------------------------
