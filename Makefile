@@ -61,7 +61,7 @@ converter: install
 test-rebuild: install
 	$(BIN)/python -m pytest tests -v --timeout 1800 -m rebuild
 
-# The unit tier without its tests over ~3 s (marked slow) and its long ones: about a minute on 2 cores.
+# The unit tier without its tests marked slow or long: 170 s on 2 cores (Intel Xeon f6m167), against 234 s for the tier.
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -q -n 2 -m "not slow and not long and not rebuild"
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 TIERS = {"integration", "long"}
 # A pytest plugin for the collecting process: each collected test's marker names, as JSON.
@@ -37,6 +39,7 @@ def _marks(tmp_path, *paths) -> dict[str, list[str]]:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # collects tests/ray in a subprocess: ~20 s
 def test_every_ray_test_names_one_tier(tmp_path):
     marks = _marks(tmp_path, "tests/ray")
     assert len(marks) > 20, marks  # the whole tier was collected
