@@ -92,6 +92,9 @@ class Trajectory:
     completion_messages: list[dict] = field(default_factory=list)
     # An agent behind the OpenAI endpoint that rewrote its history: the sequences before this one (the last).
     earlier_parts: list[SequencePart] = field(default_factory=list)
+    # "" when the trained ids hold every engine call's prompt and sample intact, else where they part
+    # (`rollout/continuity.py`, checked where the trajectory is assembled; counted by `learner/integrity.py`).
+    continuity_break: str = ""
 
     def __post_init__(self) -> None:
         self.earlier_parts = [p if isinstance(p, SequencePart) else SequencePart(**p) for p in self.earlier_parts]

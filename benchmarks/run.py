@@ -69,8 +69,14 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
             "startup_cpu.py",
             "where a run's start-up goes: each process's phases, and its CPU-seconds against the cores' bound",
             "docs/benchmarks.md",
-            "--phases --run-dir runs/startup/s -- agentrl-ray train examples/calculator/config.yaml run.output_dir=runs/startup "
-            "run.name=s run.steps=3 run.eval_every=0 run.eval_at_start=false",
+            "--phases --run-dir runs/startup/s -- agentrl-ray train examples/calculator/config.yaml "
+            "run.output_dir=runs/startup run.name=s run.steps=3 run.eval_every=0 run.eval_at_start=false",
+        ),
+        "integrity_cost": Benchmark(
+            "integrity_cost.py",
+            "the always-on integrity checks' time per step, and the step time with them against without",
+            "docs/integrity.md",
+            "--steps 30 --pairs 2",
         ),
         "real_model": Benchmark(
             "real_model.py",

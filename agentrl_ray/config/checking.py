@@ -34,6 +34,9 @@ def check_resources(section: str, resources: dict[str, float]) -> None:
 
 # Keys that old configs may still set, and what to do instead.
 REMOVED_KEYS = {
+    "run.sync_check": "the integrity checks replace it and are on by default (run.integrity): after every sync a "
+    "teacher-forced probe compares each engine's log-probs with the learner's (integrity/weights/* in metrics.jsonl); "
+    "run.strict_integrity=true stops the run when one fails",
     "reward.answer_column": "it was never read. answer_match compares against the dataset's `answer` column: "
     "rename your column to `answer`, or pass a reward function of your own that reads it",
 }

@@ -120,10 +120,17 @@ class RunConfig:
     rollout_sample_groups: int = 1
     """Every other step keeps this many of its groups (the first ones) in <run_dir>/rollouts/, the sample that
     `agentrl-ray view` and wandb's rollout table show (0 = none)."""
-    sync_check: bool = False
-    """After every weight push, compare each engine's greedy tokens with transformers on the weights pushed
-    (metrics sync/greedy_match, sync/logprob_gap): a debugging aid for new hardware or backends; it holds one more
-    copy of the model on learner rank 0's device (learner/sync_check.py)."""
+    integrity: bool = True
+    """Check every step (learner/integrity.py): each trained trajectory's policy version within sync.max_staleness
+    (a group past it is dropped), every engine call intact in the trained ids (token continuity), the engines holding
+    the learner's weights after each sync (a teacher-forced probe of two of the task's prompts) and the engine/learner
+    log-prob gap on the trained tokens. Metrics integrity/<check>/...; a violation is a health warning."""
+    integrity_band: float = 0.0
+    """The mean |engine - learner| log-prob gap over which the weights probe and the behaviour check fail; 0 = by the
+    engines' dtype and device (learner/integrity.py's table: 5e-5 for float32 on a CPU, 0.15 for bfloat16)."""
+    strict_integrity: bool = False
+    """Stop the run at the first step where an integrity check fails, with one line naming the check, where and by
+    how much (default: warn and go on)."""
     early_stopping_patience: int = 0
     """Stop after this many evaluations without improvement of run.early_stopping_metric (0 = never stop early)."""
     early_stopping_metric: str = "eval/success"

@@ -1,7 +1,8 @@
 """What the learner trains on: prompt sampling, rollout scheduling, dynamic sampling and the staleness bound.
 
 Runs on learner rank 0. `RolloutFeed.take(step, version)` returns the trajectory groups that step trains on;
-`settle()` waits for a batch in flight before weights may change. It needs only a pool with `start`/`gather`/`sample`
+`settle()` waits for a batch in flight before weights may change. The staleness bound is checked by the learner
+(`integrity.py`: a group past it is dropped and reported). It needs only a pool with `start`/`gather`/`sample`
 (`rollout.pool.RolloutPool` in a run, a fake pool in unit tests) and a weight sender whose pending update travels with
 the next rollout call (`sync.sender`).
 """
@@ -16,7 +17,7 @@ import torch
 
 from agentrl_ray.algorithms import dynamic_sampling_keep
 from agentrl_ray.config import Config
-from agentrl_ray.types import RolloutTimings, RunStopped, TrajectoryGroup
+from agentrl_ray.types import RolloutTimings, TrajectoryGroup
 
 
 class PromptSampler:
@@ -94,7 +95,6 @@ class RolloutFeed:
                 stats["rollout/groups_sampled"] += len(more)
                 groups += keep_varied(more)
             groups = groups[: r.prompts_per_step]
-        check_staleness(groups, step, version, self.cfg.sync.max_staleness)
         if self.overlap and step + 1 < self.cfg.run.steps:
             self.in_flight = (step + 1, self._start(step + 1))
         return groups, timings, stats
@@ -116,12 +116,3 @@ def keep_varied(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
     index = torch.tensor([i for i, g in enumerate(groups) for _ in g.trajectories])  # (N,)
     keep = dynamic_sampling_keep(rewards, index)
     return [g for i, g in enumerate(groups) if bool(keep[index == i].all())]
-
-
-def check_staleness(groups: list[TrajectoryGroup], step: int, version: int, max_staleness: int) -> None:
-    stale = [g.prompt_id for g in groups if g.min_policy_version < version - max_staleness]
-    if stale:
-        raise RunStopped(
-            f"step {step}: groups {stale[:3]} were sampled by a policy older than version {version} - "
-            f"{max_staleness} (sync.max_staleness): the weight sync did not reach every rollout worker"
-        )

@@ -16,7 +16,8 @@ history and combines the checks. The verdict goes to the console line and to met
 - clip fraction blowing up: most tokens' ratios are outside the trust region;
 - gradient-norm spikes against the running median of the previous steps;
 - tool-error rate: most tool calls fail (malformed calls, or a broken environment);
-- NaN or inf in a loss metric.
+- NaN or inf in a loss metric;
+- an integrity check that failed (`integrity/failed`, `learner/integrity.py`): named in the reasons.
 """
 
 from __future__ import annotations
@@ -161,6 +162,11 @@ def check_tools(m: dict[str, Any], t: Thresholds) -> list[Finding]:
     return _over(m.get("rollout/tool_error_rate"), t.tool_error_rate, "tool-error rate")
 
 
+def check_integrity(m: dict[str, Any]) -> list[Finding]:
+    failed = m.get("integrity/failed")
+    return [(WARN, f"integrity {failed}")] if failed else []
+
+
 @dataclass
 class Verdict:
     level: int
@@ -188,6 +194,7 @@ class HealthMonitor:
             + check_trust_region(m, self.t)
             + check_grad_norm(m, self.h, self.t)
             + check_tools(m, self.t)
+            + check_integrity(m)
         )
         level = max((lvl for lvl, _ in findings), default=OK)
         return Verdict(level, [reason for lvl, reason in sorted(findings, key=lambda f: -f[0])])

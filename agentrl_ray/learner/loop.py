@@ -2,8 +2,8 @@
 
 Per step, as named phases: rollout (rank 0 takes the step's groups from `feed.RolloutFeed`, scored in the workers)
 → broadcast the groups to all ranks → advantages → update (every rank on its shard, micro-batched: `update.py`) →
-sync (rank 0 pushes weights to every rollout engine through `sync.sender`) → log and evaluate (`metrics.py`) →
-checkpoint through `ray.train.report` (`checkpoint.py`).
+sync (rank 0 pushes weights to every rollout engine through `sync.sender`) → the integrity probe (`integrity.py`)
+→ log and evaluate (`metrics.py`) → checkpoint through `ray.train.report` (`checkpoint.py`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from agentrl_ray.learner import guards
 from agentrl_ray.learner.batching import broadcast_groups
 from agentrl_ray.learner.checkpoint import restore, save_checkpoint
 from agentrl_ray.learner.feed import PromptSampler, RolloutFeed
+from agentrl_ray.learner.integrity import Integrity
 from agentrl_ray.learner.metrics import evaluate, phase_times, rollout_metrics, scalars
 from agentrl_ray.learner.policy import Policy
 from agentrl_ray.learner.resume_state import batch_state, batches_from_state, rng_state, set_rng_state
-from agentrl_ray.learner.sync_check import SyncCheck
 from agentrl_ray.learner.update import update
 from agentrl_ray.learner.watch import RunWatch
 from agentrl_ray.sync.sender import make_sender
@@ -65,19 +65,19 @@ def _train_loop(config: dict[str, Any]) -> None:
     startup.mark(f"learner {rank}", "model built")
     start, samples = state["step"], state["samples"]
     sampler = PromptSampler(config["train_rows"], cfg.rollout.prompts_per_step, cfg.run.seed)
-    log = feed = sender = watch = check = None
+    log = feed = sender = watch = None
     stop = None
+    probe_rows = config["eval_rows"] or config["train_rows"]
+    integrity = Integrity(cfg, tokenizer, probe_rows, rank)
     nonfinite_in_a_row = 0
     if rank == 0:
-        watch = RunWatch(cfg, config["train_rows"], config["log"])
+        watch = RunWatch(cfg, config["train_rows"], config["log"], integrity)
         sender = make_sender(cfg, policy.lora_scaling)
         pool.ready()  # the engines started while this learner did (driver.train)
         startup.mark("learner 0", "engines ready")
         sender.setup(pool.workers)
         startup.mark("learner 0", "weight sync set up")
         feed = RolloutFeed(pool, sender, sampler, cfg)
-        if cfg.run.sync_check:
-            check = SyncCheck(model_path, tokenizer, cfg.model.dtype, policy.lora_scaling)
         log = config["log"]  # outputs.LogClient: records go to the driver's node (storage.py)
         log.truncate_after(start)
         feed.ready.update(batches_from_state(state.get("in_flight", {})))  # overlapped: sampled by version start-1
@@ -102,6 +102,8 @@ def _train_loop(config: dict[str, Any]) -> None:
             startup.mark(f"learner {rank}", "first step starts")
         t_step = time.perf_counter()
         groups, timings, stats = feed.take(step, version=step) if rank == 0 else (None, RolloutTimings(), {})
+        if rank == 0:
+            groups = integrity.admit(groups, version=step)  # within sync.max_staleness, else dropped and reported
         t_rollout = time.perf_counter() - t_step
         groups = broadcast_groups(groups, world)
         # advantages → loss → update, every rank on its shard
@@ -118,13 +120,12 @@ def _train_loop(config: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         named = policy.named_tensors_for_sync(on_device)
         t_wait, t_sync = 0.0, time.perf_counter() - t0
-        sync_metrics: dict[str, float] = {}
         if rank == 0:
             t_wait, t_push = sync_weights(feed, sender, named, step + 1)
             t_sync += t_push
-            if check is not None:
-                sync_metrics = check(sender, pool, named)
         del named
+        # every rank: a forward on the probe; rank 0: the engines' answer to the previous one
+        probe = integrity.probe(policy, pool, sender, version=step + 1, last=step + 1 == cfg.run.steps)
         # log, evaluate (every rank), checkpoint
         done = step + 1
         samples += sum(len(g.trajectories) for g in groups)
@@ -132,7 +133,7 @@ def _train_loop(config: dict[str, Any]) -> None:
             samples=samples, **phase_times(timings, t_rollout + t_wait, t_learn, t_sync, time.perf_counter() - t_step)
         )
         metrics.update(stats)  # e.g. rollout/groups_sampled
-        metrics.update(sync_metrics)
+        metrics.update(probe)
         if (cfg.run.eval_every and done % cfg.run.eval_every == 0) or done == cfg.run.steps:
             metrics.update(evaluate(feed, policy, config["eval_rows"], cfg, seed=-1 - done, pad_id=pad_id))
         if rank == 0:

@@ -172,14 +172,16 @@ class Policy:
         *,
         model=None,
         needed: torch.Tensor | None = None,
+        exact: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs and entropy (B, T) of `model` (default: the wrapped policy). With
         `learner.chunked_logprobs` the head runs chunk by chunk on the last hidden states (no (B, T, V) logits),
-        only at the `needed` (B, T) positions when given (the others are 0: read them through a mask)."""
+        only at the `needed` (B, T) positions when given (the others are 0: read them through a mask). `exact`: in the
+        weights' own dtype, without `learner.bf16`'s autocast (the integrity probe compares them with the engines')."""
         length = input_ids.shape[1]
         if self.bucket and length % self.bucket:  # learner.compile_buckets: the next fixed length, padding unscored
             padded = pad_right(length, self.bucket, input_ids, attention_mask, needed)
-            out = self.token_logprobs(*padded[:2], with_entropy, model=model, needed=padded[2])
+            out = self.token_logprobs(*padded[:2], with_entropy, model=model, needed=padded[2], exact=exact)
             return tuple(None if x is None else x[:, :length] for x in out)
         model = self.wrapped if model is None else model
         head = model_head(model) if self.cfg.chunked_logprobs and not self.partitioned else None
@@ -198,7 +200,7 @@ class Policy:
             out = model(input_ids=ids, position_ids=positions, use_cache=False, **{shared_prefix.KWARG: layout})
             return shared_prefix.unpack(out.logits, rows, prefix)
 
-        with self.autocast():
+        with contextlib.nullcontext() if exact else self.autocast():
             if head is None:
                 return token_logprobs_and_entropy(forward(), input_ids, with_entropy)
             with hidden_states_out(head):

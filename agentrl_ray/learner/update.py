@@ -10,6 +10,7 @@ from agentrl_ray.algorithms import LossNorm, compute_loss, echo_coeff_at
 from agentrl_ray.config import Config
 from agentrl_ray.learner import guards
 from agentrl_ray.learner.batching import build_batch, rank_micro_batches, rows_with_gradient
+from agentrl_ray.learner.integrity import behaviour_gap
 from agentrl_ray.learner.policy import Policy
 from agentrl_ray.learner.schedule import lr_at
 from agentrl_ray.types import TrajectoryGroup
@@ -54,12 +55,15 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
         min_lr_ratio=lc.min_lr_ratio,
     )
     skipped = 0
-    for _ in range(a.num_iterations):
+    gap = [0.0, 0, 0.0]  # the engine/learner gap on on-policy action tokens: sum, tokens, max (integrity.py)
+    for iteration in range(a.num_iterations):
         finite = True
         for i, (mb, weight) in enumerate(mbs):
             last = i == len(mbs) - 1
             with policy.grad_sync_context(last):
                 logprobs, entropy = policy.token_logprobs(mb.input_ids, mb.attention_mask, needed=scored[i])
+                if iteration == 0 and weight:  # the learner's log-probs before any update of this step
+                    behaviour_gap(gap, old[i] if a.tis_cap > 0 else logprobs.detach(), mb, step)
                 loss, metrics = compute_loss(
                     logprobs,
                     entropy,
@@ -90,4 +94,8 @@ def update(policy: Policy, groups: list[TrajectoryGroup], cfg: Config, step: int
     out["loss/echo_coeff"] = coeff
     out["loss/lr"] = lr
     out["loss/skipped_nonfinite"] = skipped
+    if gap[1]:
+        out["integrity/behaviour_logprobs/mean_gap"] = gap[0] / gap[1]
+        out["integrity/behaviour_logprobs/max_gap"] = gap[2]
+    out["integrity/behaviour_logprobs/tokens"] = gap[1]
     return out

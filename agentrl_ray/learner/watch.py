@@ -13,14 +13,18 @@ from typing import Any
 
 from agentrl_ray.config import Config
 from agentrl_ray.learner.health import EarlyStopper, HealthMonitor
+from agentrl_ray.learner.integrity import Integrity
 from agentrl_ray.rewards import load_reward_functions, reward_name
 from agentrl_ray.rewards.failures import RewardFailureWatch
-from agentrl_ray.types import TrajectoryGroup
+from agentrl_ray.types import RunStopped, TrajectoryGroup
 
 
 class RunWatch:
-    def __init__(self, cfg: Config, train_rows: list[dict[str, Any]], log: Any) -> None:
+    def __init__(
+        self, cfg: Config, train_rows: list[dict[str, Any]], log: Any, integrity: Integrity | None = None
+    ) -> None:
         self.cfg, self.log = cfg, log  # log: outputs.LogClient, which writes the traces on the driver's node
+        self.integrity = integrity
         self.health = HealthMonitor()
         r = cfg.run
         self.stopper = EarlyStopper(
@@ -34,14 +38,18 @@ class RunWatch:
 
     def after_step(self, step: int, groups: list[TrajectoryGroup], metrics: dict[str, Any]) -> str | None:
         """Save the step's traces (all of them every run.save_rollouts steps, else the sample of
-        run.rollout_sample_groups), add the health verdict to `metrics`; returns a reason to stop early, or None."""
+        run.rollout_sample_groups), add the integrity checks and the health verdict to `metrics`; returns a reason to
+        stop early, or None. Raises `RunStopped` on an integrity violation under run.strict_integrity."""
         if groups:
             self._save(step, groups)
         self.reward_failures.update(step, metrics)  # raises after reward.max_failing_steps all-failed steps
+        violation = self.integrity.report(step, groups, metrics) if self.integrity else ""
         verdict = self.health.update(metrics)
         metrics.update(verdict.metrics())
         if verdict.level == 2 and self.first_red is None:
             self.first_red = step
+        if violation and self.cfg.run.strict_integrity:
+            raise RunStopped(f"integrity check {violation} (step {step}; run.strict_integrity=true)")
         reason = self.stopper.update(step, metrics)
         return reason if step < self.cfg.run.steps else None  # the last step ends the run anyway
 
@@ -72,6 +80,7 @@ class RunWatch:
             "best": self.stopper.best,
             "best_step": self.stopper.best_step if self.stopper.best is not None else None,
             "first_red_health_step": self.first_red,
+            **(self.integrity.summary() if self.integrity else {}),
         }
         self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
         (self.cfg.run_dir / "stop.json").write_text(json.dumps(summary, indent=2) + "\n")

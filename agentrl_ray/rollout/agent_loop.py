@@ -6,7 +6,8 @@ the engine sees the whole batch), then each talks to its own environment instanc
 - a turn-based environment (one with `step`, see `envs.base`) gets the whole assistant turn through `call_turn`;
   its observation is appended as the next user message (`chat_format.user_turn_segments`).
 The conversation is never re-tokenized: the learner trains on exactly the ids the engine sampled, and the rollout
-logprobs line up with them one to one.
+logprobs line up with them one to one. Each engine call is recorded as a `continuity.Turn` (the prompt it was given,
+what it sampled), which the worker checks against the assembled trajectory (`rollout/continuity.py`).
 
 A tool episode ends with
 - "answer": the policy produced a turn without tool calls (its final answer);
@@ -36,6 +37,7 @@ from agentrl_ray.chat_format import (
 from agentrl_ray.config import RolloutConfig
 from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.messages import assistant_message, tool_messages
+from agentrl_ray.rollout.continuity import Turn
 from agentrl_ray.rollout.engine import Engine
 from agentrl_ray.types import RolloutTimings, TokenRole
 
@@ -58,6 +60,7 @@ class Episode:
     num_steps: int = 0  # turn-based environments: `step` calls
     num_step_errors: int = 0  # `step` calls that failed (the episode then ends with "error")
     prompt_messages: list[dict[str, Any]] = field(default_factory=list)  # as rendered for the engine
+    turns: list[Turn] = field(default_factory=list)  # every engine call, as the engine saw and answered it
 
     def __post_init__(self) -> None:
         self.roles = [TokenRole.PROMPT] * len(self.ids)
@@ -93,8 +96,9 @@ async def run_episodes(
             return
         t0 = time.perf_counter()
         budgets = [min(cfg.max_tokens_per_turn, cfg.max_total_tokens - len(e.ids)) for e in live]
+        prompts = [list(e.ids) for e in live]  # what the engine is given, kept for the continuity check
         gens = engine.generate(
-            [e.ids for e in live],
+            prompts,
             budgets,
             temperature=temperature,
             top_p=cfg.top_p,
@@ -105,7 +109,8 @@ async def run_episodes(
 
         last_turn = turn == cfg.max_turns - 1
         pending: list[tuple[Episode, tuple]] = []  # (episode, its request to the environment)
-        for ep, gen in zip(live, gens):
+        for ep, prompt, gen in zip(live, prompts, gens):
+            ep.turns.append(Turn(prompt, list(gen.token_ids), list(gen.logprobs)))
             ep.append(gen.token_ids, TokenRole.ACTION, gen.logprobs)
             text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
             text = text.removesuffix(tokenizer.eos_token or "")

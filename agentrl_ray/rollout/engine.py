@@ -7,6 +7,9 @@ vLLM reports by default and what the learner's importance ratio compares against
 The worker, the agent loop and `sync/` (through the worker's load functions) speak only to `Engine`:
 - `generate`: batched, seeded per request (a request's tokens depend on its own seed, not on its batch), stop token
   ids (the end-of-turn token; the tool-call close tag where a caller wants one), a budget per request;
+- `score`: teacher forcing: the log-probability of each token of each given sequence after the tokens before it
+  (raw logits, as `generate` reports), for the integrity probe that checks the engine holds the learner's weights
+  (`learner/integrity.py`); under the current adapter where `native_lora`;
 - `load_weights`: in-place, Hugging Face parameter names, full or any part, as a stream (bucketed transports hand
   one bucket at a time); `set_adapter` (only where `native_lora`): a PEFT folder served from now on;
 - `sleep` / `wake`: give the device memory to a learner rank that shares it, and take it back;
@@ -51,6 +54,8 @@ class Engine(Protocol):
         seeds: list[int] | None = None,
         ignore_eos: bool = False,
     ) -> list[Generation]: ...
+
+    def score(self, sequences: list[list[int]]) -> list[list[float]]: ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 

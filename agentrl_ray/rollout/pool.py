@@ -191,8 +191,14 @@ class RolloutPool:
         return ray.get([w.get_version.remote() for w in self.workers])
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[tuple[list[int], list[float]]]]:
-        """Greedy generation on every worker (for sync checks): one list of results per worker."""
+        """Greedy generation on every worker (weight-sync tests): one list of results per worker."""
         return ray.get([w.greedy.remote(prompts, max_tokens) for w in self.workers])
+
+    def probe(self, sequences: list[list[int]], weights: WeightUpdate | None = None) -> list[Any]:
+        """Start the integrity probe on every worker (teacher-forced log-probs of `sequences`, after `weights`, the
+        sender's pending update, as a rollout call would load them); returns the calls, one per worker."""
+        self.latest = weights or self.latest
+        return [w.probe.remote(sequences, weights) for w in self.workers]
 
     def shutdown(self) -> None:
         for actor in self.workers + self.env_hosts:

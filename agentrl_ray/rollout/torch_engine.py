@@ -258,6 +258,21 @@ class TorchEngine:
             for r in range(len(prompts))
         ]
 
+    @torch.inference_mode()
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Each sequence's token log-probs after its first token (len - 1 each), one right-padded forward."""
+        self.wake()
+        width = max(map(len, sequences))
+        ids = torch.zeros(len(sequences), width, dtype=torch.long)  # (B, width), right-padded
+        mask = torch.zeros_like(ids)
+        for row, s in enumerate(sequences):
+            ids[row, : len(s)] = torch.tensor(s)
+            mask[row, : len(s)] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float()  # (B, w-1, V)
+        picked = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0].cpu()  # (B, w-1)
+        return [picked[row, : len(s) - 1].tolist() for row, s in enumerate(sequences)]
+
     # ---------------------------------------------------------------- weights
 
     @torch.no_grad()

@@ -352,6 +352,21 @@ class VLLMEngine:
             results.append(Generation(ids, lps, "length" if comp.finish_reason == "length" else "stop"))
         return results
 
+    def score(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Each sequence's token log-probs after its first token (len - 1 each): vLLM's prompt log-probs, raw."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        self.wake()
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=s) for s in sequences], params, use_tqdm=False, lora_request=self.lora
+        )
+        # One {token_id: Logprob} per prompt position, None for the first; the prompt's own token is always there.
+        return [
+            [float(d[t].logprob) for t, d in zip(s[1:], out.prompt_logprobs[1:])] for s, out in zip(sequences, outputs)
+        ]
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         # In-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): the iterable reaches the loader as it is, so a stream of
         # tensors (the collective sync's buckets) is consumed as it arrives, never held whole.

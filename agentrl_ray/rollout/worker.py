@@ -28,6 +28,7 @@ from agentrl_ray.rewards import load_reward_functions, score
 from agentrl_ray.rewards.scoring import RewardState
 from agentrl_ray.rollout.agent_loop import Episode, run_episodes
 from agentrl_ray.rollout.backends import make_engine
+from agentrl_ray.rollout.continuity import continuity_break
 from agentrl_ray.rollout.engine_modes import EngineModes
 from agentrl_ray.sync.collective import CollectiveBackend
 from agentrl_ray.sync.receiver import WeightReceiver
@@ -248,7 +249,7 @@ class RolloutWorker:
         }
 
     def _to_trajectory(self, ep: Episode, reward: float, parts: dict[str, float]) -> Trajectory:
-        return Trajectory(
+        traj = Trajectory(
             prompt_id=ep.prompt_id,
             sample_index=ep.sample_index,
             token_ids=ep.ids,
@@ -266,6 +267,8 @@ class RolloutWorker:
             prompt_messages=ep.prompt_messages,
             completion_messages=ep.messages,
         )
+        traj.continuity_break = continuity_break(ep.turns, traj.token_ids, traj.action_mask, traj.rollout_logprobs)
+        return traj
 
     # ---------------------------------------------------------------- weights (see sync.receiver)
 
@@ -288,12 +291,23 @@ class RolloutWorker:
         return True
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], list[float]]]:
-        """Deterministic generation for weight-sync checks: (token ids, logprobs) per prompt."""
+        """Deterministic generation (weight-sync tests): (token ids, logprobs) per prompt."""
         # ignore_eos: compare a fixed number of tokens with transformers' generate(min_new_tokens=max_tokens).
         gens = self.engine.generate(
             prompts, [max_tokens] * len(prompts), temperature=0.0, top_p=1.0, stop_token_ids=[], ignore_eos=True
         )
         return [(g.token_ids, g.logprobs) for g in gens]
+
+    async def probe(self, sequences: list[list[int]], weights: WeightUpdate | None = None) -> list[list[float]]:
+        """The integrity probe (learner/integrity.py): teacher-forced log-probs of `sequences` on this engine's
+        weights, after loading `weights` (the sender's pending update) if given."""
+        async with self._one_rollout:
+            try:
+                if weights is not None:
+                    await self.weights.receive(weights)
+                return self.engine.score(sequences)
+            finally:
+                self.engine.sleep()
 
 
 def _last_assistant_text(messages: list[dict[str, str]]) -> str:

@@ -97,6 +97,26 @@ def test_steps_change_weights_then_resume_continues(two_steps, builtin_model_pat
     assert any(not torch.equal(ckpt2[k], ckpt3[k]) for k in ckpt3)
 
 
+@pytest.mark.integration
+def test_every_step_of_a_run_passes_the_integrity_checks(two_steps):
+    """The checks on by default in a real run (vLLM engines, Ray Train learner): every step checked and passed, the
+    weights probe within float32's band after each sync, the on-policy tokens' engine/learner gap too
+    (learner/integrity.py; tests/unit/test_integrity.py breaks each check on purpose)."""
+    _, cfg, _, pristine = two_steps
+    steps = _records(pristine)[1:]
+    assert cfg.sync.max_staleness == 0 and cfg.run.integrity
+    for r in steps:
+        assert r["integrity/failures"] == 0 and "integrity/failed" not in r, r.get("integrity/failed")
+        assert r["integrity/policy_version/max_lag"] == 0 and r["integrity/token_continuity/broken"] == 0
+        assert r["integrity/behaviour_logprobs/tokens"] > 0
+        assert r["integrity/behaviour_logprobs/mean_gap"] < r["integrity/behaviour_logprobs/band"] == 5e-5
+    # The probe of the weights pushed after step 1 is read at step 2, which (the last) reads its own (2) at once too.
+    assert "integrity/weights/mean_gap" not in steps[0] and steps[1]["integrity/weights/version"] == 2
+    assert steps[1]["integrity/weights/mean_gap"] < steps[1]["integrity/weights/band"] == 5e-5
+    stop = json.loads((pristine / "stop.json").read_text())
+    assert stop["integrity_failed_steps"] == 0 and stop["first_integrity_failure"] is None
+
+
 def _cut(path, keep=0.5):
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])

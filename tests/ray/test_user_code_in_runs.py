@@ -73,6 +73,35 @@ def test_a_run_stopped_by_a_guard_is_not_retried_from_its_checkpoint(
 
 
 @pytest.mark.long
+def test_a_sync_that_skips_one_tensor_stops_a_strict_run_in_the_step_it_shows(
+    builtin_model_path, tmp_path, monkeypatch, own_ray
+):
+    """The integrity probe in a whole run (learner/integrity.py): every vLLM engine loads each update but one
+    tensor. The weights pushed after step 1 are probed while step 2 trains; step 2, whose rollouts the stale engine
+    sampled, reports it, and under run.strict_integrity the run stops there with one line naming the check."""
+    monkeypatch.setenv("AGENTRL_TEST_SKIP_TENSOR", "model.layers.0.self_attn.q_proj.weight")
+    extra = [
+        "run.steps=4",
+        "run.strict_integrity=true",
+        "reward.functions=[tests.ray.sync_faults:answer_match_after_a_partial_sync]",
+        "recovery.max_learner_failures=1",  # a retry must not redo the stop
+    ]
+    cfg = _config(tmp_path, "partial_sync", extra)
+    with pytest.raises(RunStopped) as stopped:
+        train(cfg)
+    message = str(stopped.value)
+    assert message.startswith("integrity check weights: mean |log-prob gap| "), message
+    assert "after the sync of weights 1" in message and message.endswith("(step 2; run.strict_integrity=true)")
+    records = _steps(cfg)
+    assert [r["step"] for r in records] == [1, 2]  # stopped in the step that showed it, the step logged
+    assert "integrity/weights/mean_gap" not in records[0] and records[0]["integrity/failures"] == 0
+    assert records[1]["integrity/weights/mean_gap"] > 100 * records[1]["integrity/weights/band"]
+    # The engine's sampling log-probs on step 2's trained tokens are off by the same missing tensor.
+    assert "behaviour_logprobs: mean |log-prob gap|" in records[1]["integrity/failed"]
+    assert records[1]["health/level"] == 1 and "integrity weights:" in records[1]["health/reasons"]
+
+
+@pytest.mark.long
 def test_a_hostile_user_environment_costs_only_its_own_trajectories(builtin_model_path, tmp_path, own_ray):
     extra = ["run.steps=3", "env.name=tests.ray.hostile_env:HostileCalculator", "env.tool_timeout_s=2"]
     cfg = _config(tmp_path, "hostile", extra)

@@ -101,12 +101,6 @@ def test_overlapped_sends_the_next_batch_out_and_settles_before_a_push():
     assert feed.in_flight is None  # the last step sends nothing ahead
 
 
-def test_staleness_beyond_the_bound_fails_loudly():
-    feed, _, _ = _feed([])
-    with pytest.raises(RuntimeError, match="older than version 1"):
-        feed.take(1, version=1)  # the fake pool's trajectories are version 0: the sync never arrived
-
-
 def test_dynamic_sampling_drop_and_resample():
     # Row r0..: the even-numbered rows have all-equal rewards.
     def rewards(row_id, j):

@@ -5,7 +5,6 @@ types, no cluster needed."""
 from __future__ import annotations
 
 import pytest
-from builders import trajectory
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
 from agentrl_ray.rollout.recovery import lost_to_an_actor
@@ -43,10 +42,9 @@ def test_every_deliberate_stop_is_a_run_stopped_and_no_crash_is():
     """What the learner records as a deliberate stop (so that Ray Train's retry ends at once, learner/loop.py): the
     guards' errors are RunStopped, including ActorFailed; the errors of a crash are not."""
     from agentrl_ray.learner import guards
-    from agentrl_ray.learner.feed import check_staleness
     from agentrl_ray.rewards.failures import RewardFailureWatch
     from agentrl_ray.rollout.recovery import ActorFailed
-    from agentrl_ray.types import RunStopped, TrajectoryGroup
+    from agentrl_ray.types import RunStopped
 
     assert issubclass(ActorFailed, RunStopped)
     with pytest.raises(RunStopped, match="learner.max_nonfinite_steps=2"):
@@ -54,9 +52,6 @@ def test_every_deliberate_stop_is_a_run_stopped_and_no_crash_is():
     watch = RewardFailureWatch(["my.module:score"], ["score"], limit=1)
     with pytest.raises(RunStopped, match="reward.max_failing_steps=1"):
         watch.update(1, {"reward/score/error": 1.0})
-    old = TrajectoryGroup(prompt_id="p0", trajectories=[trajectory(policy_version=0)])
-    with pytest.raises(RunStopped, match="sync.max_staleness"):
-        check_staleness([old], step=4, version=4, max_staleness=1)
     assert not issubclass(RayTaskError, RunStopped) and not issubclass(ActorDiedError, RunStopped)
 
 

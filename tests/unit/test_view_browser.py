@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from view_runs import KNOWN_ANSWER, write_run
+from view_runs import BROKEN, KNOWN_ANSWER, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,6 +104,13 @@ def test_the_page_shows_a_finished_run_and_follows_a_live_one(browser, viewer):
     assert heldout[0] == [r["step"] for r in evals] and heldout[1] == [r["eval/success"] for r in evals]
     assert heldout[2] == [r["eval/pass@1_ci95_lo"] for r in evals]
     assert "done" in browser.find_element("css selector", '#run-list li[data-run="finished"]').text
+
+    browser.find_element("css selector", '#tabs button[data-tab="health"]').click()
+    integrity = browser.find_element("id", "integrity-table")
+    wait("the integrity checks", lambda: "token_continuity" in integrity.text)
+    assert "4 steps checked, 1 with a failed check" in browser.find_element("id", "integrity-summary").text
+    assert BROKEN in integrity.text and "3.0e-6" in integrity.text  # step 3's break; every step's probe gap
+    assert browser.execute_script(chart.format("integrity"))[1] == [3e-6] * 4
 
     browser.find_element("css selector", '#tabs button[data-tab="rollouts"]').click()
     rollouts = browser.find_element("id", "rollouts")

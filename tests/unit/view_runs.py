@@ -9,6 +9,7 @@ from pathlib import Path
 from agentrl_ray.chat_format import parse_tool_calls
 from agentrl_ray.config import Config
 from agentrl_ray.learner.health import HealthMonitor
+from agentrl_ray.learner.integrity import Integrity
 from agentrl_ray.learner.metrics import phase_times, rollout_metrics
 from agentrl_ray.messages import assistant_message, tool_messages
 from agentrl_ray.rewards.eval_stats import training_eval_metrics
@@ -22,6 +23,7 @@ QUESTION = "What is 12 * 34?"
 KNOWN_ANSWER = "The answer is 408."  # the text of every rewarded conversation
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call>'
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+BROKEN_STEP, BROKEN = 3, "turn 2: token 3 is 4 of the trained sequence, the engine's prompt had 9"
 ROWS = {"p1": {"id": "p1", "prompt": QUESTION, "answer": "408"}}
 
 
@@ -68,6 +70,7 @@ class FakeRun:
         atomic_write_text(self.dir / "config.json", json.dumps(self.cfg.to_dict(), indent=2))
         self.log = MetricsLog(self.dir, self.cfg.run, self.cfg.to_dict(), steps)
         self.health = HealthMonitor()
+        self.integrity = Integrity(self.cfg, None, [], rank=0)
         self.step = 0
 
     def metrics(self, step: int) -> dict:
@@ -78,6 +81,10 @@ class FakeRun:
         m["samples"] = 4 * step
         if step % self.cfg.run.eval_every == 0:
             m.update(training_eval_metrics(groups, 1.0))
+        if step == BROKEN_STEP:  # a trajectory whose assembly lost a token of its second turn
+            groups[0].trajectories[0].continuity_break = BROKEN
+        m.update({"integrity/weights/mean_gap": 3e-6, "integrity/weights/band": 5e-5})
+        self.integrity.report(step, groups, m)
         m.update(self.health.update(m).metrics())
         return m
 

@@ -345,6 +345,14 @@ class AgentRunner:
             )
             sequences = [Sequence(list(ids), [TokenRole.PROMPT] * len(ids), [0.0] * len(ids), len(ids), -1)]
         *earlier, last = sequences
+        broken = next(
+            (
+                f"sequence {i + 1} of {len(sequences)}: {b}"
+                for i, q in enumerate(sequences)
+                if (b := q.continuity_break())
+            ),
+            "",
+        )
         return Trajectory(
             prompt_id=str(row["id"]),
             sample_index=0,
@@ -364,6 +372,7 @@ class AgentRunner:
                 SequencePart(q.ids, **role_masks(q.roles), rollout_logprobs=q.logprobs, prompt_len=q.prompt_len)
                 for q in earlier
             ],
+            continuity_break=broken,
         )
 
 

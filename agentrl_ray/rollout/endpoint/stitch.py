@@ -12,8 +12,9 @@ expands `Trajectory.earlier_parts`, `learner/batching.py`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from agentrl_ray.rollout.continuity import Turn, continuity_break
 from agentrl_ray.rollout.endpoint.calls import Call
 from agentrl_ray.types import TokenRole
 
@@ -25,6 +26,11 @@ class Sequence:
     logprobs: list[float]
     prompt_len: int
     last_call: int  # index of the last call whose completion this sequence holds
+    turns: list[Turn] = field(default_factory=list)  # the calls it holds, as the engine saw and answered them
+
+    def continuity_break(self) -> str:
+        """`rollout/continuity.py`'s check of this sequence against its calls."""
+        return continuity_break(self.turns, self.ids, [int(r == TokenRole.ACTION) for r in self.roles], self.logprobs)
 
 
 def stitch(calls: list[Call]) -> list[Sequence]:
@@ -42,6 +48,7 @@ def stitch(calls: list[Call]) -> list[Sequence]:
                 seq.ids += call.prompt_ids[k:]
                 seq.roles += call.prompt_roles[k:]
                 seq.logprobs += call.prompt_logprobs[k:]
+            seq.turns.append(Turn(call.prompt_ids, choice.token_ids, choice.logprobs))
             seq.ids += choice.token_ids
             seq.roles += [TokenRole.ACTION] * len(choice.token_ids)
             seq.logprobs += choice.logprobs

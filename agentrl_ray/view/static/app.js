@@ -19,6 +19,9 @@ const CHARTS = [
   { id: "timing", title: "time per step (s)",
     series: [["step", "time/step_s"], ["learner", "time/learner_s"], ["waiting for rollouts", "time/rollout_s"],
              ["rollout (workers)", "time/rollout_worker_s"], ["sync", "time/sync_s"], ["env", "time/env_s"]] },
+  { id: "integrity", title: "engine vs learner: mean |log-prob gap| (integrity checks)",
+    series: [["weights probe", "integrity/weights/mean_gap"], ["trained tokens", "integrity/behaviour_logprobs/mean_gap"],
+             ["band", "integrity/weights/band"]] },
   { id: "tokens", title: "sampled tokens/s",
     series: [["per step", ratio("rollout/sampled_tokens", "time/step_s")],
              ["while generating", ratio("rollout/sampled_tokens", "time/generate_s")]] },
@@ -147,6 +150,27 @@ function drawHealth() {
     const tr = el("tr");
     tr.append(el("td", "", r.step), el("td", `lvl${r["health/level"]}`, ["ok", "warn", "red"][r["health/level"]]),
       el("td", "", r["health/reasons"] || ""));
+    return tr;
+  }));
+  drawIntegrity();
+}
+
+const LAST_INTEGRITY_ROWS = 10;
+
+function drawIntegrity() {
+  const checked = (state.records[state.run] || []).filter((r) => r["integrity/failures"] !== undefined);
+  const failed = checked.filter((r) => r["integrity/failures"] > 0);
+  const shown = checked.filter((r, i) => r["integrity/failures"] > 0 || i >= checked.length - LAST_INTEGRITY_ROWS);
+  $("#integrity-summary").textContent = checked.length
+    ? `${checked.length} steps checked, ${failed.length} with a failed check.` : "No step checked (run.integrity=false?).";
+  const gap = (v) => (typeof v === "number" ? v.toExponential(1) : "");
+  $("#integrity-table tbody").replaceChildren(...shown.map((r) => {
+    const tr = el("tr");
+    const version = `${r["integrity/policy_version/max_lag"] ?? ""} (${r["integrity/policy_version/dropped_groups"] ?? ""})`;
+    [r.step, version, r["integrity/token_continuity/broken"] ?? "", gap(r["integrity/weights/mean_gap"]),
+      gap(r["integrity/behaviour_logprobs/mean_gap"]), gap(r["integrity/weights/band"])]
+      .forEach((x) => tr.appendChild(el("td", "", x)));
+    tr.appendChild(el("td", r["integrity/failures"] ? "lvl1" : "lvl0", r["integrity/failed"] || "ok"));
     return tr;
   }));
 }

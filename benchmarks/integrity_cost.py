@@ -1,0 +1,89 @@
+"""What the always-on integrity checks cost a step (learner/integrity.py; target <= 2%, docs/integrity.md).
+
+    python benchmarks/integrity_cost.py                                  # the default run, 30 steps, 2 pairs
+    python benchmarks/integrity_cost.py --config examples/bfcl/config.yaml --steps 6 --pairs 1 -- model=...
+
+Runs the installed CLI (`agentrl-ray train CONFIG`) with run.integrity=true and =false, alternating (true first,
+`--pairs` times), with no evaluation and no checkpoint between the first and the last step. Two measures per run:
+- the checks' own time, `time/integrity_s` (the probe's two forwards and the comparisons), against `time/step_s`;
+- the A/B: the median step time with the checks against without (the first step, start-up's, left out).
+On 2 cores the A/B's noise is a few percent: the first measure is the cost, the second says it is not hidden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from results_path import ROOT, cpu_tag, default_out
+
+
+def run(config: str, steps: int, integrity: bool, extra: list[str]) -> list[dict]:
+    out = Path(tempfile.mkdtemp(prefix="integrity-cost-"))
+    cmd = [
+        str(Path(sys.executable).parent / "agentrl-ray"),
+        "train",
+        config,
+        f"run.steps={steps}",
+        "run.eval_at_start=false",
+        "run.eval_every=0",
+        "run.checkpoint_every=0",
+        f"run.integrity={str(integrity).lower()}",
+        f"run.output_dir={out}",
+        *extra,
+    ]
+    env = {**os.environ, "AGENTRL_CACHE": os.environ.get("AGENTRL_CACHE", str(ROOT / ".cache" / "agentrl_ray"))}
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    (metrics,) = out.glob("*/metrics.jsonl")
+    return [r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("step", 0) >= 2]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="examples/calculator/config.yaml")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--pairs", type=int, default=2)
+    p.add_argument("--out", default=None)
+    p.add_argument("extra", nargs="*", help="config overrides for both runs")
+    a = p.parse_args()
+    on, off = [], []
+    t0 = time.time()
+    for _ in range(a.pairs):
+        on += run(a.config, a.steps, True, a.extra)
+        off += run(a.config, a.steps, False, a.extra)
+    step_on = statistics.median(r["time/step_s"] for r in on)
+    step_off = statistics.median(r["time/step_s"] for r in off)
+    own = statistics.median(r["time/integrity_s"] / r["time/step_s"] for r in on)
+    result = {
+        "command": " ".join(["python benchmarks/integrity_cost.py", *sys.argv[1:]]),
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        + ("+changes" if subprocess.run(["git", "diff", "--quiet", "HEAD"]).returncode else ""),
+        "machine": cpu_tag(),
+        "steps_per_run": a.steps,
+        "pairs": a.pairs,
+        "median_step_s_checks_on": step_on,
+        "median_step_s_checks_off": step_off,
+        "ab_overhead": step_on / step_off - 1,
+        "median_integrity_s": statistics.median(r["time/integrity_s"] for r in on),
+        "median_integrity_share_of_step": own,
+        "probe_gap_max": max(r.get("integrity/weights/mean_gap", 0.0) for r in on),
+        "behaviour_gap_max": max(r.get("integrity/behaviour_logprobs/mean_gap", 0.0) for r in on),
+        "failures": sum(r.get("integrity/failures", 0) for r in on),
+        "wall_s": time.time() - t0,
+    }
+    print(json.dumps(result, indent=1))
+    out = Path(a.out) if a.out else default_out("integrity_cost", label=Path(a.config).parent.name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
