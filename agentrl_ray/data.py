@@ -1,4 +1,4 @@
-"""Prompt datasets: the built-in arithmetic and grid tasks, JSONL files, or Hugging Face datasets on disk.
+"""Prompt datasets: the built-in arithmetic, grid and long-tail tasks, JSONL files, or Hugging Face datasets on disk.
 
 Rows follow TRL's conventions: a `prompt` column (a string, or a list of chat messages) plus any other columns,
 which reward functions receive as keyword arguments. An optional `tools` column (a list of OpenAI tool schemas, or
@@ -20,6 +20,10 @@ from agentrl_ray.tasks.arithmetic import make_arithmetic_rows
 def load_rows(spec: str, cfg: DataConfig, *, split: str, size: int) -> list[dict[str, Any]]:
     if spec == "builtin:arithmetic":
         rows = make_arithmetic_rows(size, cfg.seed, split)
+    elif spec == "builtin:longtail":
+        from agentrl_ray.tasks.longtail import make_longtail_rows
+
+        rows = make_longtail_rows(size, cfg.seed, split)
     elif spec == "builtin:grid":
         from agentrl_ray.tasks.grid import make_grid_rows
 
@@ -33,7 +37,8 @@ def _load_file_or_dataset(spec: str, split: str) -> list[dict[str, Any]]:
     path = Path(spec).expanduser()
     if not path.exists():
         raise ConfigError(
-            f"dataset {spec!r} does not exist (use builtin:arithmetic, builtin:grid, a .jsonl file or a folder)"
+            f"dataset {spec!r} does not exist "
+            "(use builtin:arithmetic, builtin:grid, builtin:longtail, a .jsonl file or a folder)"
         )
     if path.suffix == ".jsonl":
         rows = []

@@ -14,35 +14,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-from results_path import ROOT, cpu_tag, default_out
+from cli_runs import commit, train_records, write_result
+from results_path import cpu_tag
 
 
 def run(config: str, steps: int, integrity: bool, extra: list[str]) -> list[dict]:
-    out = Path(tempfile.mkdtemp(prefix="integrity-cost-"))
-    cmd = [
-        str(Path(sys.executable).parent / "agentrl-ray"),
-        "train",
-        config,
+    overrides = [
         f"run.steps={steps}",
         "run.eval_at_start=false",
         "run.eval_every=0",
         "run.checkpoint_every=0",
         f"run.integrity={str(integrity).lower()}",
-        f"run.output_dir={out}",
         *extra,
     ]
-    env = {**os.environ, "AGENTRL_CACHE": os.environ.get("AGENTRL_CACHE", str(ROOT / ".cache" / "agentrl_ray"))}
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
-    (metrics,) = out.glob("*/metrics.jsonl")
-    return [r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("step", 0) >= 2]
+    return [r for r in train_records(config, overrides) if r.get("step", 0) >= 2]
 
 
 def main() -> None:
@@ -63,8 +52,7 @@ def main() -> None:
     own = statistics.median(r["time/integrity_s"] / r["time/step_s"] for r in on)
     result = {
         "command": " ".join(["python benchmarks/integrity_cost.py", *sys.argv[1:]]),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        + ("+changes" if subprocess.run(["git", "diff", "--quiet", "HEAD"]).returncode else ""),
+        "commit": commit(),
         "machine": cpu_tag(),
         "steps_per_run": a.steps,
         "pairs": a.pairs,
@@ -79,10 +67,7 @@ def main() -> None:
         "wall_s": time.time() - t0,
     }
     print(json.dumps(result, indent=1))
-    out = Path(a.out) if a.out else default_out("integrity_cost", label=Path(a.config).parent.name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_result("integrity_cost", a.config, a.out, result)
 
 
 if __name__ == "__main__":

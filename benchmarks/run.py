@@ -78,6 +78,12 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
             "docs/integrity.md",
             "--steps 30 --pairs 2",
         ),
+        "pipeline_timeline": Benchmark(
+            "pipeline_timeline.py",
+            "the long-tail agent workload per pipeline mode: engines generating/waiting/idle, learner busy/waiting",
+            "docs/async.md",
+            "--steps 12",
+        ),
         "real_model": Benchmark(
             "real_model.py",
             "SmolLM2-135M on BFCL or GSM with tools end to end: data, eval, SFT, GRPO + ECHO, eval",
@@ -221,7 +227,7 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
 }
 BENCHMARKS = {name: b for group in GROUPS.values() for name, b in group.items()}
 # Imported by the benchmarks, not run: the process-tree watcher and the 0.5B shape's builder.
-HELPERS = ("process_tree.py", "qwen05b_shape.py", "results_path.py", "run.py")
+HELPERS = ("process_tree.py", "qwen05b_shape.py", "cli_runs.py", "results_path.py", "run.py")
 
 
 def command(name: str, args: list[str] | None = None) -> list[str]:
@@ -267,7 +273,7 @@ def usage() -> str:
         for name, b in items.items():
             lines += textwrap.wrap(f"{b.what} [{b.doc}]", WIDTH, initial_indent=f"  {name:<22}", subsequent_indent=pad)
             lines += _command_lines(f"python benchmarks/run.py {name} {b.example}".split(), pad)
-    lines += ["", "Helpers the benchmarks import (not run): " + ", ".join(HELPERS[:2]) + "."]
+    lines += ["", "Helpers the benchmarks import (not run): " + ", ".join(HELPERS[:3]) + "."]
     return "\n".join(lines)
 
 
