@@ -35,6 +35,7 @@ observation, so the policy sees what it got wrong and the failure shows up in th
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -187,6 +188,17 @@ def _snip(s: str) -> str:
 # first so that a character that cannot start a number is turned away before the lookbehind and the branches run:
 # prose scans 2.5x faster, with the same matches (tests/unit/test_parser_linear_time.py holds the earlier form).
 _NUMBER = re.compile(r"(?=[-.\d])(?<![\w.])-?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|\.\d+)")
+
+
+def numbers_match(predicted: str | None, expected: Any, rel_tol: float = 1e-6) -> bool:
+    """Numeric equality within `rel_tol` relative tolerance; unparsable values never match."""
+    if predicted is None or expected is None:
+        return False
+    try:
+        a, b = float(predicted), float(str(expected).replace(",", ""))
+    except ValueError:
+        return False
+    return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-12)
 
 
 def extract_final_answer(text: str) -> str | None:

@@ -10,11 +10,10 @@ num_step_errors, num_tokens), `env_rewards`, and what TRL passes too: `prompts`,
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
-from agentrl_ray.chat_format import extract_final_answer, parse_tool_calls
+from agentrl_ray.chat_format import extract_final_answer, numbers_match, parse_tool_calls
 
 Completion = list[dict[str, Any]] | str
 
@@ -33,17 +32,6 @@ def final_answer_text(completion: Completion) -> str | None:
     if parsed.calls or parsed.errors:
         return None
     return parsed.content
-
-
-def numbers_match(predicted: str | None, expected: Any, rel_tol: float = 1e-6) -> bool:
-    """Numeric equality within `rel_tol` relative tolerance; unparsable values never match."""
-    if predicted is None or expected is None:
-        return False
-    try:
-        a, b = float(predicted), float(str(expected).replace(",", ""))
-    except ValueError:
-        return False
-    return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=rel_tol, abs_tol=1e-12)
 
 
 def answer_match(completions: list[Completion], answer: list[Any], **kwargs: Any) -> list[float]:

@@ -7,9 +7,9 @@ What makes it the workload the asynchronous pipeline is measured on (issue 67, `
 - heavy-tailed latency: every environment step (a tool call run, an answer checked and the next question given)
   takes a log-normal time (`LongTailEnv`'s median_s and sigma; sigma 1.0 puts p99 at 10.2x the median).
 
-Rows: {"id", "prompt": [the first question], "questions": [all k], "answers": [k numbers as text], "tools": [the
-calculator's schema], "answer": the last answer}. Questions come from `arithmetic.sample_problems` (train and eval
-never share one).
+Rows: {"id", "prompt": [the first question], "questions": [all k], "answers": [k numbers as text], "answer": the
+last answer}; the calculator's schema comes from the environment. Questions come from `arithmetic.sample_problems`
+(train and eval never share one).
 """
 
 from __future__ import annotations
@@ -24,13 +24,9 @@ SESSION_WEIGHTS = (4, 2, 1, 1)  # P(k) = 1/2, 1/4, 1/8, 1/8
 
 
 def make_longtail_rows(n: int, seed: int, split: str) -> list[dict[str, Any]]:
-    from agentrl_ray.envs.builtin.calculator import CalculatorEnv
-    from agentrl_ray.envs.tools import tool_schemas
-
     rng = random.Random(f"longtail/{seed}/{split}")
     lengths = rng.choices(SESSION_LENGTHS, SESSION_WEIGHTS, k=n)
     problems = iter(sample_problems(sum(lengths), seed, split))
-    tools = tool_schemas(CalculatorEnv)
     rows = []
     for i, k in enumerate(lengths):
         session = [next(problems) for _ in range(k)]
@@ -43,7 +39,6 @@ def make_longtail_rows(n: int, seed: int, split: str) -> list[dict[str, Any]]:
                 "questions": questions,
                 "answers": answers,
                 "answer": answers[-1],
-                "tools": tools,
             }
         )
     return rows

@@ -23,7 +23,6 @@ def test_rows_are_sessions_of_one_to_four_questions_with_a_heavy_tail_and_disjoi
     assert counts[1] / 4000 == pytest.approx(0.5, abs=0.03) and counts[4] / 4000 == pytest.approx(0.125, abs=0.02)
     for r in train[:200]:
         assert r["prompt"] == [{"role": "user", "content": r["questions"][0]}] and r["answer"] == r["answers"][-1]
-        assert [t["function"]["name"] for t in r["tools"]] == ["calculator"]
         a, op, b = r["questions"][0].removeprefix("What is ").removesuffix("?").split()
         assert str(eval(f"{a}{op}{b}")) == r["answers"][0]  # noqa: S307 (two integers and an operator)
     assert not {q for r in train for q in r["questions"]} & {q for r in evals for q in r["questions"]}
@@ -67,13 +66,16 @@ def test_the_config_fits_its_longest_first_prompt_into_the_context(builtin_model
     from transformers import AutoTokenizer
 
     from agentrl_ray.data import load_rows
+    from agentrl_ray.envs.tools import tool_schemas
     from agentrl_ray.infra.profiles import load_config
 
     cfg = load_config("examples/longtail/config.yaml", ["profile=cpu"])
     tok = AutoTokenizer.from_pretrained(builtin_model_path)
     rows = load_rows(cfg.data.train, cfg.data, split="train", size=cfg.data.train_size)
+    tools = tool_schemas(LongTailEnv)
+    assert [t["function"]["name"] for t in tools] == ["calculator"]  # the tool, inherited; step makes it turn-based
     longest = max(
-        len(tok.apply_chat_template(r["prompt"], tools=r["tools"], add_generation_prompt=True, return_dict=False))
+        len(tok.apply_chat_template(r["prompt"], tools=tools, add_generation_prompt=True, return_dict=False))
         for r in rows[:200]
     )
     assert longest + cfg.rollout.max_tokens_per_turn * 2 <= cfg.rollout.max_total_tokens

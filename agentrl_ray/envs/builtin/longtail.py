@@ -1,12 +1,12 @@
 """LongTailEnv: the long-tail agent workload's environment (rows from `builtin:longtail`, `tasks/longtail.py`).
 
-A turn-based environment (`step`, `agentrl_ray.envs.base`) that runs the model's calculator calls itself, as a
-multi-turn benchmark's environment does: an assistant turn with `<tool_call>` blocks gets their results as tool
-messages; a turn without one answers the current question, scored 1/k when its last number is right, and brings the
-next question as a user message, until the session's k questions are done. Every step first waits a log-normal
-time, median `median_s`, log-sd `sigma` (1.0: p99 = 10.2x the median), drawn from a generator seeded by the row's
-id, so that a run's latencies repeat. The wait is an asyncio sleep: thousands of episodes wait at once on one env
-host without holding a thread each.
+A turn-based environment (`step`, `agentrl_ray.envs.base`) with the calculator's tool (its schema in the prompt)
+that runs the model's calls itself, as a multi-turn benchmark's environment does: an assistant turn with
+`<tool_call>` blocks gets their results as tool messages; a turn without one answers the current question, scored
+1/k when its last number is right, and brings the next question as a user message, until the session's k questions
+are done. Every step first waits a log-normal time, median `median_s`, log-sd `sigma` (1.0: p99 = 10.2x the median),
+drawn from a generator seeded by the row's id, so that a run's latencies repeat. The wait is an asyncio sleep:
+thousands of episodes wait at once on one env host without holding a thread each.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import random
 import zlib
 from typing import Any
 
-from agentrl_ray.chat_format import extract_final_answer, parse_tool_calls
+from agentrl_ray.chat_format import extract_final_answer, numbers_match, parse_tool_calls
 from agentrl_ray.envs.builtin.calculator import CalculatorEnv
-from agentrl_ray.rewards.builtin import numbers_match
 
 
 def p99_over_median(sigma: float) -> float:
@@ -27,12 +26,13 @@ def p99_over_median(sigma: float) -> float:
     return math.exp(2.3263478740408408 * sigma)
 
 
-class LongTailEnv:
+class LongTailEnv(CalculatorEnv):
+    """The calculator's tool (its schema in the prompt, inherited) with `step`: a turn-based environment."""
+
     def __init__(self, median_s: float = 0.05, sigma: float = 1.0, seed: int = 0) -> None:
         if median_s < 0 or sigma < 0:
             raise ValueError(f"LongTailEnv: median_s and sigma must be >= 0, got {median_s}, {sigma}")
         self.median_s, self.sigma, self.seed = median_s, sigma, seed
-        self.calculator_env = CalculatorEnv()
         self.questions: list[str] = []
         self.answers: list[str] = []
         self.current = 0
@@ -69,6 +69,6 @@ class LongTailEnv:
         if name != "calculator":
             return f"Error: unknown tool {name!r} (the only tool is calculator)"
         try:
-            return self.calculator_env.calculator(**arguments)
+            return self.calculator(**arguments)
         except (TypeError, ValueError, ArithmeticError) as e:
             return f"Error: {e}"
