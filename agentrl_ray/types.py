@@ -95,6 +95,10 @@ class Trajectory:
     # "" when the trained ids hold every engine call's prompt and sample intact, else where they part
     # (`rollout/continuity.py`, checked where the trajectory is assembled; counted by `learner/integrity.py`).
     continuity_break: str = ""
+    # The weights version that sampled each token (-1: a prompt or environment token), or [] where the engine calls
+    # were not recorded; `policy_version` is the oldest sampled token's. Within one version in the batch pipeline; a
+    # weight update lands between two turns of an episode in the streaming one (rollout/turn_scheduler.py).
+    token_versions: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.earlier_parts = [p if isinstance(p, SequencePart) else SequencePart(**p) for p in self.earlier_parts]
@@ -114,6 +118,11 @@ class Trajectory:
             raise ValueError(f"Trajectory finish_reason {self.finish_reason!r} not in {FINISH_REASONS}")
         if self.policy_version < 0:
             raise ValueError("Trajectory policy_version must be >= 0")
+        if self.token_versions and len(self.token_versions) != n:
+            raise ValueError(
+                f"Trajectory {self.prompt_id}/{self.sample_index}: token_versions has length "
+                f"{len(self.token_versions)}, token_ids has {n}"
+            )
         if not (self.reward == self.reward):  # NaN
             raise ValueError(f"Trajectory {self.prompt_id}/{self.sample_index}: reward is NaN")
 

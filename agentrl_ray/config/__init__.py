@@ -112,6 +112,18 @@ def validate(cfg: Config) -> None:
         "sync.transport=collective ships full tensors; with learner.lora.enabled use sync.transport=object_store "
         "(adapter-only payload)",
     )
+    if cfg.sync.pipeline == "stream":
+        need(
+            cfg.sync.transport == "object_store",
+            f"sync.pipeline=stream hands each engine its weights while it generates: it needs "
+            f"sync.transport=object_store, not {cfg.sync.transport}",
+        )
+        need(
+            cfg.placement.mode != "colocated" and r.sleep_mode != "always",
+            "sync.pipeline=stream keeps the engines generating while the learner trains: it needs them apart "
+            "(placement.mode=separate or auto, rollout.sleep_mode=auto or never)",
+        )
+        need(not cfg.env.agent, "env.agent (agent programs) runs on sync.pipeline=batch, not stream")
     need(
         r.prompts_per_step * r.group_size >= lr.num_workers,
         f"rollout.prompts_per_step * rollout.group_size ({r.prompts_per_step * r.group_size}) must be at least "

@@ -18,14 +18,23 @@ class SyncConfig:
     handles from learner rank 0 to the engines on its GPU, never through host memory (chosen for a colocated plan on
     one GPU; on CPU the tensors travel by value)."""
     max_staleness: int = 0
-    """0: on-policy; 1: step t+1 is sampled while step t trains (one version behind)."""
+    """How many policy versions behind the learner the oldest token of a trained trajectory may be. 0: on-policy;
+    the batch pipeline takes 0 or 1 (step t+1 sampled while step t trains), the stream pipeline any k (a group past
+    it is dropped and counted, `rollout/stale_dropped`)."""
+    pipeline: Literal["batch", "stream"] = "batch"
+    """batch: a step's groups go out together and come back together, weights change only between batches
+    (bit-reproducible, docs/reliability.md); stream: the engines keep (k+1) steps of groups in flight, the learner
+    trains on the first complete groups, and weights land in the engines between two turns, in flight
+    (docs/async.md). Needs engines apart from the learner and the object-store transport."""
     bucket_mb: int = 256
     """Collective and ipc transports: MiB per bucket (collective: the extra memory on either end)."""
 
     def check(self) -> None:
+        need(self.max_staleness >= 0, "sync.max_staleness must be >= 0 (0: on-policy)")
         need(
-            self.max_staleness in (0, 1),
-            "sync.max_staleness must be 0 (on-policy) or 1 (roll out step t+1 while training on step t)",
+            self.pipeline == "stream" or self.max_staleness in (0, 1),
+            f"sync.max_staleness={self.max_staleness} needs sync.pipeline=stream: the batch pipeline takes 0 "
+            "(on-policy) or 1 (roll out step t+1 while training on step t)",
         )
         need(self.bucket_mb >= 1, "sync.bucket_mb must be at least 1")
 

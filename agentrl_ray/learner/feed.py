@@ -17,6 +17,7 @@ import torch
 
 from agentrl_ray.algorithms import dynamic_sampling_keep
 from agentrl_ray.config import Config
+from agentrl_ray.learner.resume_state import batch_state, batches_from_state
 from agentrl_ray.types import RolloutTimings, TrajectoryGroup
 
 
@@ -98,6 +99,16 @@ class RolloutFeed:
         if self.overlap and step + 1 < self.cfg.run.steps:
             self.in_flight = (step + 1, self._start(step + 1))
         return groups, timings, stats
+
+    def publish(self) -> None:
+        """Nothing to send now: the pushed weights travel with the next rollout call (`sender.take_pending`)."""
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint records: the batch sampled ahead and not trained yet (overlapped)."""
+        return batch_state(self.ready)
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.ready.update(batches_from_state(state))  # overlapped: sampled by version start - 1
 
     def evaluation(self, rows: list[dict[str, Any]], seed: int) -> list[TrajectoryGroup]:
         """`run.eval_samples` trajectories per held-out row, sampled at `rollout.eval_temperature` by the newest

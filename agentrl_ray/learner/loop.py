@@ -24,7 +24,8 @@ from agentrl_ray.learner.feed import PromptSampler, RolloutFeed
 from agentrl_ray.learner.integrity import Integrity
 from agentrl_ray.learner.metrics import evaluate, phase_times, rollout_metrics, scalars
 from agentrl_ray.learner.policy import Policy
-from agentrl_ray.learner.resume_state import batch_state, batches_from_state, rng_state, set_rng_state
+from agentrl_ray.learner.resume_state import rng_state, set_rng_state
+from agentrl_ray.learner.stream import StreamFeed
 from agentrl_ray.learner.update import update
 from agentrl_ray.learner.watch import RunWatch
 from agentrl_ray.sync.sender import make_sender
@@ -77,10 +78,10 @@ def _train_loop(config: dict[str, Any]) -> None:
         startup.mark("learner 0", "engines ready")
         sender.setup(pool.workers)
         startup.mark("learner 0", "weight sync set up")
-        feed = RolloutFeed(pool, sender, sampler, cfg)
+        feed = (StreamFeed if cfg.sync.pipeline == "stream" else RolloutFeed)(pool, sender, sampler, cfg)
         log = config["log"]  # outputs.LogClient: records go to the driver's node (storage.py)
         log.truncate_after(start)
-        feed.ready.update(batches_from_state(state.get("in_flight", {})))  # overlapped: sampled by version start-1
+        feed.restore(state.get("in_flight", {}))
     if "rng" in state:  # learner/resume_state.py: the resumed run is the run that would have been
         set_rng_state(state["rng"])
     # Weights are read on every rank (a collective gather under ZeRO-3); rank 0 pushes them. So do evaluations.
@@ -150,7 +151,7 @@ def _train_loop(config: dict[str, Any]) -> None:
         if step == start:
             startup.mark(f"learner {rank}", "first step done")
         if (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0) or done == cfg.run.steps or stop:
-            in_flight = batch_state(feed.ready) if rank == 0 else {}
+            in_flight = feed.state() if rank == 0 else {}
             resume = {"step": done, "samples": samples, "rng": rng_state(), "in_flight": in_flight}
             save_checkpoint(policy, tokenizer, resume, rank, scalars(metrics))
         if stop:
@@ -171,4 +172,5 @@ def sync_weights(feed: RolloutFeed, sender, named: list[tuple[str, torch.Tensor]
     wait = feed.settle()
     t0 = time.perf_counter()
     sender.push(named, version)
+    feed.publish()  # the streaming pipeline sends them now, to land between two turns
     return wait, time.perf_counter() - t0

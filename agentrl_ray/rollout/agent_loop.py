@@ -1,7 +1,8 @@
 """The multi-turn loop, tokens in and tokens out, for tool environments and turn-based environments.
 
 One `Episode` per trajectory. Every turn, all live episodes are generated together (one batched engine call, so
-the engine sees the whole batch), then each talks to its own environment instance, concurrently:
+the engine sees the whole batch), then each talks to its own environment instance, concurrently (the streaming
+pipeline's `run_episodes_streaming` drops that turn barrier: each episode at its own pace, `turn_scheduler.py`):
 - a tool environment runs the turn's tool calls; the tokenized tool results are appended with role tags;
 - a turn-based environment (one with `step`, see `envs.base`) gets the whole assistant turn through `call_turn`;
   its observation is appended as the next user message (`chat_format.user_turn_segments`).
@@ -20,6 +21,7 @@ ends the episode, and the failure counts as a tool error).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import zlib
@@ -39,6 +41,7 @@ from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.messages import assistant_message, tool_messages
 from agentrl_ray.rollout.continuity import Turn
 from agentrl_ray.rollout.engine import Engine
+from agentrl_ray.rollout.turn_scheduler import TurnScheduler
 from agentrl_ray.types import RolloutTimings, TokenRole
 
 logger = logging.getLogger(__name__)
@@ -88,8 +91,10 @@ async def run_episodes(
     stop_token_ids: list[int],
     timings: RolloutTimings,
     turn_based: bool = False,
+    version: int = -1,
 ) -> None:
-    """Run every episode to its end, in place. `turn_based`: the environments define `step` instead of tools."""
+    """Run every episode to its end, in place. `turn_based`: the environments define `step` instead of tools;
+    `version`: the weights version the engine holds (recorded with each turn)."""
     for turn in range(cfg.max_turns):
         live = [e for e in episodes if not e.done]
         if not live:
@@ -103,44 +108,105 @@ async def run_episodes(
             temperature=temperature,
             top_p=cfg.top_p,
             stop_token_ids=stop_token_ids,
-            seeds=[zlib.crc32(f"{seed}/{e.key}/{turn}".encode()) for e in live],
+            seeds=[_turn_seed(seed, e, turn) for e in live],
         )
         timings.generate_s += time.perf_counter() - t0
 
         last_turn = turn == cfg.max_turns - 1
-        pending: list[tuple[Episode, tuple]] = []  # (episode, its request to the environment)
-        for ep, prompt, gen in zip(live, prompts, gens):
-            ep.turns.append(Turn(prompt, list(gen.token_ids), list(gen.logprobs)))
-            ep.append(gen.token_ids, TokenRole.ACTION, gen.logprobs)
-            text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
-            text = text.removesuffix(tokenizer.eos_token or "")
-            if turn_based:
-                ep.messages.append({"role": "assistant", "content": text})
-            else:
-                ep.messages.append(assistant_message(text, parse_tool_calls(text), turn))
-            if gen.finish_reason == "length":
-                ep.finish_reason = "length"
-            elif turn_based:
-                # Even on the last turn: the environment scores every reply, the last one included.
-                ep.num_steps += 1
-                pending.append((ep, (ep.key, text)))
-            else:
-                request = _tool_request(ep, text, last_turn)
-                if request is not None:
-                    pending.append((ep, request))
-
+        pending = [
+            (ep, request)
+            for ep, prompt, gen in zip(live, prompts, gens)
+            if (request := _take_turn(ep, prompt, gen, version, turn, last_turn, tokenizer, turn_based)) is not None
+        ]
         t0 = time.perf_counter()
         requests = [request for _, request in pending]
         results = await (envs.call_turns(requests) if turn_based else envs.call_tools(requests))
         timings.env_s += time.perf_counter() - t0
         for (ep, _), result in zip(pending, results):
-            if turn_based:
-                _after_step(ep, result, last_turn, tokenizer, cfg)
-            else:
-                _after_tools(ep, result, tokenizer, cfg)
+            _after_env(ep, result, last_turn, tokenizer, cfg, turn_based)
     for ep in episodes:
         if not ep.done:
             ep.finish_reason = "max_turns"
+
+
+async def run_episodes_streaming(
+    episodes: list[Episode],
+    scheduler: TurnScheduler,
+    envs: EnvClient,
+    tokenizer,
+    cfg: RolloutConfig,
+    *,
+    temperature: float,
+    seed: int,
+    stop_token_ids: list[int],
+    timings: RolloutTimings,
+    turn_based: bool = False,
+) -> None:
+    """`run_episodes` without the turn barrier (the streaming pipeline): each episode goes at its own pace, its
+    turns batched by `scheduler` with whatever other episodes (of this call or others) wait for the engine then.
+    Each turn records the weights version that sampled it. `timings`: generate_s and env_s are each episode's
+    seconds waiting for the engine and for its environment, the mean over episodes."""
+
+    async def one(ep: Episode) -> None:
+        for turn in range(cfg.max_turns):
+            last_turn = turn == cfg.max_turns - 1
+            prompt = list(ep.ids)
+            t0 = time.perf_counter()
+            gen, version = await scheduler.generate(
+                prompt,
+                min(cfg.max_tokens_per_turn, cfg.max_total_tokens - len(ep.ids)),
+                temperature=temperature,
+                top_p=cfg.top_p,
+                stop_token_ids=stop_token_ids,
+                seed=_turn_seed(seed, ep, turn),
+            )
+            t1 = time.perf_counter()
+            timings.generate_s += (t1 - t0) / len(episodes)
+            request = _take_turn(ep, prompt, gen, version, turn, last_turn, tokenizer, turn_based)
+            if request is None:
+                break
+            results = await (envs.call_turns([request]) if turn_based else envs.call_tools([request]))
+            timings.env_s += (time.perf_counter() - t1) / len(episodes)
+            _after_env(ep, results[0], last_turn, tokenizer, cfg, turn_based)
+            if ep.done:
+                break
+        if not ep.done:
+            ep.finish_reason = "max_turns"
+
+    await asyncio.gather(*(one(ep) for ep in episodes))
+
+
+def _turn_seed(seed: int, ep: Episode, turn: int) -> int:
+    return zlib.crc32(f"{seed}/{ep.key}/{turn}".encode())
+
+
+def _take_turn(
+    ep: Episode, prompt: list[int], gen, version: int, turn: int, last_turn: bool, tokenizer, turn_based: bool
+) -> tuple | None:
+    """Append one generated turn to `ep`; returns its request to the environment, or None (and a finish reason)."""
+    ep.turns.append(Turn(prompt, list(gen.token_ids), list(gen.logprobs), version))
+    ep.append(gen.token_ids, TokenRole.ACTION, gen.logprobs)
+    text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+    text = text.removesuffix(tokenizer.eos_token or "")
+    if turn_based:
+        ep.messages.append({"role": "assistant", "content": text})
+    else:
+        ep.messages.append(assistant_message(text, parse_tool_calls(text), turn))
+    if gen.finish_reason == "length":
+        ep.finish_reason = "length"
+        return None
+    if turn_based:
+        # Even on the last turn: the environment scores every reply, the last one included.
+        ep.num_steps += 1
+        return (ep.key, text)
+    return _tool_request(ep, text, last_turn)
+
+
+def _after_env(ep: Episode, result, last_turn: bool, tokenizer, cfg: RolloutConfig, turn_based: bool) -> None:
+    if turn_based:
+        _after_step(ep, result, last_turn, tokenizer, cfg)
+    else:
+        _after_tools(ep, result, tokenizer, cfg)
 
 
 def _tool_request(ep: Episode, text: str, last_turn: bool) -> tuple | None:

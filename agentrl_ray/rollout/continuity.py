@@ -24,6 +24,19 @@ class Turn:
     prompt: list[int]
     sampled: list[int]
     logprobs: list[float]
+    version: int = -1  # the weights version that sampled it (-1: not recorded)
+
+
+def token_versions(turns: list[Turn], length: int) -> list[int]:
+    """The policy version of each of a sequence's `length` tokens: a sampled token's turn's version, -1 for the
+    prompt's and the environment's tokens; [] when no turn recorded its version."""
+    if not turns or any(turn.version < 0 for turn in turns):
+        return []
+    versions = [-1] * length
+    for turn in turns:
+        n = len(turn.prompt)
+        versions[n : n + len(turn.sampled)] = [turn.version] * len(turn.sampled)
+    return versions[:length]
 
 
 def continuity_break(turns: list[Turn], ids: list[int], action_mask: list[int], logprobs: list[float]) -> str:

@@ -29,6 +29,9 @@ class EngineModes:
     """Sleep (level 1) between rollouts, wake up before the next use."""
     lora_rank: int = 0
     """The adapter's rank for the engine's native LoRA; 0: full weights, or LoRA merged on the receiving side."""
+    stream: bool = False
+    """The streaming pipeline (sync.pipeline=stream): the worker takes many rollout calls at once and batches their
+    turns (rollout/turn_scheduler.py)."""
 
 
 def engine_modes(cfg: Config, placement_mode: str | None) -> EngineModes:
@@ -41,4 +44,6 @@ def engine_modes(cfg: Config, placement_mode: str | None) -> EngineModes:
         sleep = r.sleep_mode == "always"
     lora = cfg.learner.lora
     native = r.backend == "vllm" and (r.lora_mode == "native" or (r.lora_mode == "auto" and lora.enabled and r.use_gpu))
-    return EngineModes(sleep=sleep, lora_rank=lora.r if native and lora.enabled else 0)
+    return EngineModes(
+        sleep=sleep, lora_rank=lora.r if native and lora.enabled else 0, stream=cfg.sync.pipeline == "stream"
+    )

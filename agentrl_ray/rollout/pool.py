@@ -51,6 +51,9 @@ class RolloutPool:
         self.recovery = recovery  # None: a failed actor fails the call (pools built by hand in tests)
         self.latest: WeightUpdate | None = None  # the newest weights handed to the workers: a restarted one's
         self.started = False  # every engine answered once (`ready`)
+        # The stream pipeline: the latest weights go with every evaluation and probe call too, since Ray does not
+        # order them after the update sent alone (the worker loads each update once).
+        self.resend_latest = False
 
     @classmethod
     def create(
@@ -142,6 +145,7 @@ class RolloutPool:
         worker would switch weights between the turns of an episode."""
         shards = {i: rows[i :: self.num_workers] for i in range(self.num_workers)}
         self.latest = weights or self.latest
+        weights = weights or (self.latest if self.resend_latest else None)
         if weights is not None and not all(shards.values()):  # a worker without rows still needs the new weights
             ray.get([w.receive_weights.remote(weights) for w in self.workers])
             weights = None
@@ -198,6 +202,7 @@ class RolloutPool:
         """Start the integrity probe on every worker (teacher-forced log-probs of `sequences`, after `weights`, the
         sender's pending update, as a rollout call would load them); returns the calls, one per worker."""
         self.latest = weights or self.latest
+        weights = weights or (self.latest if self.resend_latest else None)
         return [w.probe.remote(sequences, weights) for w in self.workers]
 
     def shutdown(self) -> None:

@@ -26,10 +26,11 @@ from agentrl_ray.infra.allocator import release_freed_memory
 from agentrl_ray.infra.threads import ThreadPolicy
 from agentrl_ray.rewards import load_reward_functions, score
 from agentrl_ray.rewards.scoring import RewardState
-from agentrl_ray.rollout.agent_loop import Episode, run_episodes
+from agentrl_ray.rollout.agent_loop import Episode, run_episodes, run_episodes_streaming
 from agentrl_ray.rollout.backends import make_engine
-from agentrl_ray.rollout.continuity import continuity_break
+from agentrl_ray.rollout.continuity import continuity_break, token_versions
 from agentrl_ray.rollout.engine_modes import EngineModes
+from agentrl_ray.rollout.turn_scheduler import TurnScheduler
 from agentrl_ray.sync.collective import CollectiveBackend
 from agentrl_ray.sync.receiver import WeightReceiver
 from agentrl_ray.types import RolloutTimings, Trajectory, TrajectoryGroup, WeightUpdate, role_masks
@@ -96,6 +97,10 @@ class RolloutWorker:
         # One rollout call at a time. The pool never sends two, but a learner restarted by Ray Train may send its
         # first while the dead learner's last call still runs here: it waits for it (same environment keys).
         self._one_rollout = asyncio.Lock()
+        # The streaming pipeline (sync.pipeline=stream): many calls at once, their episodes' turns batched together;
+        # weights and the probe take the engine between two batched calls (rollout/turn_scheduler.py).
+        self.scheduler = TurnScheduler(self.engine, lambda: self.weights.version) if modes.stream else None
+        self._loaded: tuple | None = None  # the stream pipeline's last loaded update (`_receive_once`)
         startup.mark("engine", "engine loaded")
 
     # ---------------------------------------------------------------- rollouts
@@ -112,6 +117,8 @@ class RolloutWorker:
         """Sample `group_size` trajectories for each row; returns the groups and timing/env stats. `weights`
         (the sender's pending update) are loaded first. `redo`: this call repeats one whose work was lost
         (rollout/recovery.py); environments it left open under the same keys are closed first."""
+        if self.scheduler is not None:  # many calls at once, their turns batched by the scheduler (no sleep mode)
+            return await self._rollout(rows, group_size, temperature, seed, weights, redo)
         async with self._one_rollout:
             try:
                 return await self._rollout(rows, group_size, temperature, seed, weights, redo)
@@ -132,24 +139,26 @@ class RolloutWorker:
         t_start = time.perf_counter()
         timings = RolloutTimings()
         if weights is not None:
-            await self.weights.receive(weights)
+            await self.receive_weights(weights)
             timings.load_weights_s = time.perf_counter() - t_start
         if self.agents is not None:
             return await self._agent_rollout(rows, group_size, temperature, seed, timings, t_start)
         episodes = await self._start_episodes(rows, group_size, seed, redo)
         try:
-            await run_episodes(
-                episodes,
-                self.engine,
-                self.envs,
-                self.tokenizer,
-                self.cfg,
+            loop_args = dict(
                 temperature=temperature,
                 seed=seed,
                 stop_token_ids=[self.tokenizer.eos_token_id],
                 timings=timings,
                 turn_based=self.turn_based,
             )
+            if self.scheduler is not None:
+                await run_episodes_streaming(episodes, self.scheduler, self.envs, self.tokenizer, self.cfg, **loop_args)
+            else:
+                version = self.weights.version
+                await run_episodes(
+                    episodes, self.engine, self.envs, self.tokenizer, self.cfg, version=version, **loop_args
+                )
             t0 = time.perf_counter()
             env_rewards = await self.envs.rewards([(e.key, _last_assistant_text(e.messages)) for e in episodes])
             expanded = [row for row in rows for _ in range(group_size)]
@@ -257,7 +266,8 @@ class RolloutWorker:
             rollout_logprobs=ep.logprobs,
             reward=float(reward),
             reward_parts=parts,
-            policy_version=self.weights.version,
+            policy_version=min((turn.version for turn in ep.turns), default=self.weights.version),
+            token_versions=token_versions(ep.turns, len(ep.ids)),
             finish_reason=ep.finish_reason,
             prompt_len=ep.prompt_len,
             num_tool_calls=ep.num_tool_calls,
@@ -284,7 +294,19 @@ class RolloutWorker:
         return self.engine.kv_cache_tokens()
 
     async def receive_weights(self, update: WeightUpdate) -> int:
+        if self.scheduler is not None:  # between two batched engine calls: a turn boundary of every episode
+            async with self.scheduler.exclusive():
+                return await self._receive_once(update)
         return await self.weights.receive(update)
+
+    async def _receive_once(self, update: WeightUpdate) -> int:
+        """The stream pipeline sends each update to every engine as soon as it is pushed, and again with the calls
+        that must see it (an evaluation, the probe: Ray does not order an async actor's calls): loaded once."""
+        key = (update.version, update.payload.hex() if hasattr(update.payload, "hex") else id(update))
+        if key != self._loaded:
+            await self.weights.receive(update)
+            self._loaded = key
+        return self.weights.version
 
     def join_weight_group(self, master_addr: str, port: int, world_size: int, rank: int, backend) -> bool:
         self.weights.join_group(master_addr, port, world_size, rank, backend)
@@ -301,9 +323,11 @@ class RolloutWorker:
     async def probe(self, sequences: list[list[int]], weights: WeightUpdate | None = None) -> list[list[float]]:
         """The integrity probe (learner/integrity.py): teacher-forced log-probs of `sequences` on this engine's
         weights, after loading `weights` (the sender's pending update) if given."""
-        async with self._one_rollout:
+        async with self.scheduler.exclusive() if self.scheduler is not None else self._one_rollout:
             try:
-                if weights is not None:
+                if weights is not None and self.scheduler is not None:
+                    await self._receive_once(weights)
+                elif weights is not None:
                     await self.weights.receive(weights)
                 return self.engine.score(sequences)
             finally:

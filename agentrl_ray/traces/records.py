@@ -3,7 +3,7 @@
 A run with `run.save_rollouts=N` writes the rollouts of every N-th step to `<run_dir>/rollouts/step_<step>.jsonl`
 (`run.outputs.write_rollouts`), and of every other step the first `run.rollout_sample_groups` groups (default 1):
 
-    {"prompt_id": "17", "sample_index": 3, "step": 12, "policy_version": 11, "reward": 1.0,
+    {"prompt_id": "17", "sample_index": 3, "step": 12, "policy_version": 11, "turn_versions": [11, 11], "reward": 1.0,
      "reward_parts": {"answer_match": 1.0}, "finish_reason": "answer", "num_tool_calls": 1, "num_tool_errors": 0,
      "prompt": [{"role": "user", "content": "What is 347 * 29?"}],
      "completion": [{"role": "assistant", "content": "", "tool_calls": [{"id": "call_0_0", "type": "function",
@@ -53,7 +53,9 @@ def group_records(
     rows_by_id: dict[str, dict[str, Any]],
     tools: list[dict[str, Any]],
 ) -> list[dict[str, Any]]:
-    """JSON-ready records of a step's groups (`rows_by_id`: the dataset rows, for the columns rewards read)."""
+    """JSON-ready records of a step's groups (`rows_by_id`: the dataset rows, for the columns rewards read).
+    `turn_versions`: the weights version of each assistant turn, in order ([] where not recorded): in the stream
+    pipeline a weight update can land between two turns of one trajectory."""
     out = []
     for g in groups:
         row = rows_by_id.get(g.prompt_id, {})
@@ -66,6 +68,7 @@ def group_records(
                     "sample_index": t.sample_index,
                     "step": step,
                     "policy_version": t.policy_version,
+                    "turn_versions": turn_versions(t.token_versions),
                     "reward": t.reward,
                     "reward_parts": t.reward_parts,
                     "finish_reason": t.finish_reason,
@@ -136,7 +139,7 @@ def parse_record(line: str, where: str) -> TraceRecord:
         raise ValueError(f"{where}: 'reward' must be a number, got {reward!r}")
     known = {"prompt", "completion", "messages", "reward", "success", "label", "tools", "prompt_id", "columns"}
     columns = dict(obj.get("columns") or {}) | {k: v for k, v in obj.items() if k not in known and k[:4] != "num_"}
-    for k in ("sample_index", "step", "policy_version", "reward_parts", "finish_reason"):
+    for k in ("sample_index", "step", "policy_version", "turn_versions", "reward_parts", "finish_reason"):
         columns.pop(k, None)
     return TraceRecord(
         prompt=prompt,
@@ -148,3 +151,13 @@ def parse_record(line: str, where: str) -> TraceRecord:
         finish_reason=str(obj.get("finish_reason", "")),
         num_tool_errors=int(obj.get("num_tool_errors", 0)),
     )
+
+
+def turn_versions(token_versions: list[int]) -> list[int]:
+    """The version of each run of sampled tokens (each assistant turn) in a trajectory's per-token versions."""
+    out, previous = [], -1
+    for v in token_versions:
+        if v >= 0 and v != previous:
+            out.append(v)
+        previous = v
+    return out

@@ -58,7 +58,10 @@ def test_override_values_are_typed():
         (["profile=tpu"], "profile: 'tpu' is not one of"),
         (["learner.lr"], "not of the form"),
         (["env.name=calculator"], "import path"),
-        (["sync.max_staleness=2"], "must be 0 (on-policy) or 1"),
+        (["sync.max_staleness=2"], "sync.max_staleness=2 needs sync.pipeline=stream"),
+        (["sync.max_staleness=-1", "sync.pipeline=stream"], "sync.max_staleness must be >= 0"),
+        (["sync.pipeline=stream", "sync.transport=collective"], "it needs sync.transport=object_store"),
+        (["sync.pipeline=stream", "placement.mode=colocated"], "it needs them apart"),
         (["model.path=builtin:huge"], "the built-in models are builtin:tiny, builtin:small"),
     ],
 )

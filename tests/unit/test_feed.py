@@ -132,3 +132,57 @@ def test_evaluation_takes_pending_weights():
     sender.pending = "weights v3"
     groups = feed.evaluation(ROWS[:2], seed=-1)
     assert [len(g.trajectories) for g in groups] == [4, 4] and pool.started[0][2] == "weights v3"
+
+
+class _Calls:
+    """A worker handle whose `rollout.remote(...)` records the call and returns a token (no Ray)."""
+
+    def __init__(self, log: list, index: int):
+        self.rollout = self
+        self.log, self.index = log, index
+
+    def remote(self, rows, group_size, temperature, seed):
+        self.log.append((self.index, rows[0]["id"], seed))
+        return object()
+
+
+class _StreamPool:
+    def __init__(self, workers: int):
+        self.calls: list = []
+        self.workers = [_Calls(self.calls, i) for i in range(workers)]
+        self.num_workers = workers
+        self.recovery = None
+
+
+def test_the_stream_feed_keeps_k_steps_out_and_resumes_without_training_a_slot_twice():
+    from agentrl_ray.learner.stream import StreamFeed
+
+    cfg = load_config(
+        None, ["sync.pipeline=stream", "sync.max_staleness=2", "rollout.prompts_per_step=4", "run.steps=10"]
+    )
+    rows = [{"id": str(i), "prompt": "q"} for i in range(100)]
+    sampler = PromptSampler(rows, 4, seed=0)
+    pool = _StreamPool(workers=3)
+    feed = StreamFeed(pool, sender=None, sampler=sampler, cfg=cfg)
+    feed._issue()
+    # k * P = 8 slots out, spread over the workers by load, the prompts of steps 0 and 1 in order.
+    assert len(pool.calls) == 8 and [c[0] for c in pool.calls] == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert [c[1] for c in pool.calls] == [r["id"] for s in range(2) for r in sampler.for_step(s)]
+    assert len({c[2] for c in pool.calls}) == 8  # one seed per slot: the environments' keys differ
+    # Slots come back out of order: consuming 1 and 3 moves nothing below them; consuming 0 moves the base past 1.
+    for slot in (1, 3, 0):
+        feed._consume(slot)
+        feed.counts["trained_groups"] += 1
+    assert (feed.base, feed.consumed_ahead) == (2, {3})
+    feed._issue()
+    assert len(pool.calls) == 11  # three consumed: three more out (slots 8-10)
+    state = feed.state()
+    # A resume issues every slot not consumed again, and never one that was.
+    resumed_pool = _StreamPool(workers=3)
+    resumed = StreamFeed(resumed_pool, sender=None, sampler=sampler, cfg=cfg)
+    resumed.restore(state)
+    resumed._issue()
+    issued = {c[2] for c in resumed_pool.calls}
+    seeds = {slot: cfg.run.seed * 100003 + 7919 * slot for slot in range(40)}
+    assert seeds[3] not in issued and seeds[0] not in issued and seeds[1] not in issued
+    assert {seeds[2], seeds[4], seeds[10]} <= issued and seeds[11] not in issued

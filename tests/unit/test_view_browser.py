@@ -116,6 +116,9 @@ def test_the_page_shows_a_finished_run_and_follows_a_live_one(browser, viewer):
     rollouts = browser.find_element("id", "rollouts")
     wait("a known conversation", lambda: KNOWN_ANSWER in rollouts.text)
     assert "tool call: calculator" in rollouts.text and "Error: division by zero" in rollouts.text
+    # Each assistant turn shows the weights that sampled it: here new weights landed between the two turns.
+    assert "assistant (weights v6)" in rollouts.text and "assistant (weights v7)" in rollouts.text
+    assert "weights v6→7" in rollouts.text
     browser.find_element("css selector", '#tabs button[data-tab="evals"]').click()
     transcripts = browser.find_element("id", "transcripts")
     wait("the eval transcripts", lambda: KNOWN_ANSWER in transcripts.text)

@@ -35,11 +35,12 @@ def trajectory(index: int, reward: float, tool_error: bool = False) -> Trajector
     return Trajectory(
         prompt_id="p1",
         sample_index=index,
-        token_ids=[1, 2, 3, 4],
-        action_mask=[0, 1, 1, 0],
-        env_mask=[0, 0, 0, 1],
-        template_mask=[0, 0, 0, 0],
-        rollout_logprobs=[0.0, -1.0, -1.0, 0.0],
+        token_ids=[1, 2, 3, 4, 5],
+        action_mask=[0, 1, 0, 1, 1],
+        env_mask=[0, 0, 1, 0, 0],
+        template_mask=[0, 0, 0, 0, 0],
+        rollout_logprobs=[0.0, -1.0, 0.0, -1.0, -1.0],
+        token_versions=[-1, 6, -1, 7, 7],  # the stream pipeline: new weights landed between the two turns
         reward=reward,
         policy_version=0,
         finish_reason="answer",

@@ -15,10 +15,12 @@ function fmt(x, digits = 3) {
   return typeof x === "number" ? (Number.isInteger(x) ? String(x) : x.toFixed(digits)) : String(x);
 }
 
-function messageNode(m) {
+// `version`: the weights version that sampled an assistant turn (the stream pipeline can change it between turns).
+function messageNode(m, version) {
   const isError = m.role === "tool" && typeof m.content === "string" && m.content.startsWith("Error: ");
   const node = el("div", `msg ${m.role}${isError ? " error" : ""}`);
-  node.appendChild(el("span", "role", m.role === "tool" && m.name ? `tool result (${m.name})` : m.role));
+  const role = m.role === "tool" && m.name ? `tool result (${m.name})` : m.role;
+  node.appendChild(el("span", "role", version !== undefined ? `${role} (weights v${version})` : role));
   if (m.content) node.appendChild(el("span", "text", m.content));
   for (const call of m.tool_calls || []) {
     const f = call.function || {};
@@ -43,10 +45,15 @@ function conversationNode(r) {
     `finish ${r.finish_reason}`,
     `tool calls ${r.num_tool_calls ?? r.tool_calls ?? 0}`,
     `errors ${errors}`,
+    r.turn_versions && r.turn_versions.length ? `weights v${r.turn_versions.join("→")}` : null,
   ].filter((x) => x !== null);
   node.appendChild(el("div", "meta", meta.join(" | ")));
-  const messages = r.messages || [...(r.prompt || []), ...(r.completion || [])];
-  for (const m of messages) node.appendChild(messageNode(m));
+  const versions = r.turn_versions || [];
+  for (const m of r.messages || r.prompt || []) node.appendChild(messageNode(m));
+  let turn = 0;
+  for (const m of r.messages ? [] : r.completion || []) {
+    node.appendChild(messageNode(m, m.role === "assistant" ? versions[turn++] : undefined));
+  }
   return node;
 }
 
