@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# The GPU learner's open targets (docs/learner_speed.md, "Round 5"), measured with benchmarks/learner_throughput.py
+# The GPU learner's open targets (docs/history/learner_speed.md, "Round 5"), measured with benchmarks/learner_throughput.py
 # in one command under a time budget; prepared on a CPU, not yet run on a GPU. From the project's root:
 #   bash benchmarks/gpu_learner.sh                     # on a GPU machine with the project installed
 #   TESTS=tests/gpu/test_gpu_learner.py::test_fused_linears_and_compile_buckets_on_cuda_give_the_eager_log_probs_and_gradients \
 #   BENCH="bash benchmarks/gpu_learner.sh" bash .gpu/run.sh          # with the GPU kit (tests/gpu/kit/README.md)
 #   DRY=1 bash benchmarks/gpu_learner.sh               # the same commands at the tiny shape on a CPU (the logic only)
-# The two levers of round 11 of docs/benchmarks.md, each against its baseline in the same process group: the fusion
+# The two levers of round 11 of docs/history/benchmarks.md, each against its baseline in the same process group: the fusion
 # of a compiled layer's linears that share an input (off by default; `fuse` turns it on) and learner.compile_buckets
 # (`bucket`: fixed-shape graphs for a run's changing lengths). Lengths are ragged as a run's are (--min-len: each
 # sequence 900-1,024 tokens). Every variant has --variant-timeout: a slow compilation stops its variant, not the
 # round. Each step writes $OUT/NAME.json and .log and prints its result lines, the GPU, its matmul rate and any
 # paired measurements. Environment: OUT (/tmp/gpu_out), PY (python3), BUDGET (560 s: no command starts after it).
-# Earlier rounds' scripts (GPU rounds 3 and 4): docs/benchmarks/history.md.
+# Earlier rounds' scripts (GPU rounds 3 and 4): docs/history/benchmark_scripts.md.
 set -u
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,14p' "$0" | cut -c3-; exit 0; fi
 T0=$(date +%s)

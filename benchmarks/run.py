@@ -263,7 +263,7 @@ def usage() -> str:
         textwrap.fill(
             "The maintained benchmarks, each backing a claim of the docs page in brackets. Results go to "
             "benchmarks/results/<benchmark>/<label>-<date>-<machine>.json (docs/benchmarks.md, 'Results'); "
-            "probes that left the tree: docs/benchmarks/history.md.",
+            "probes that left the tree: docs/history/benchmark_scripts.md.",
             WIDTH,
         ),
     ]

@@ -154,7 +154,7 @@ class LearnerConfig:
     next update, which then does not page-fault it in again. At the 0.5B LoRA bfloat16 shape on 2 cores, in two
     pairs of runs: a steady step 3-15 s shorter (of 115-125 s; the runs of one setting spread by ~8 s), for 1.1-1.3
     GiB more peak memory summed over the run's processes (the learner's heap and the engine's rollout are then
-    resident together; docs/benchmarks.md round 8). For a machine with memory to spare."""
+    resident together; docs/history/benchmarks.md round 8). For a machine with memory to spare."""
     bf16: bool = False
     """DDP learner: bfloat16 autocast with float32 weights and optimizer (DeepSpeed uses its own settings); with LoRA
     the frozen base is loaded in bfloat16 (no float32 copy), the adapter stays float32."""
@@ -170,8 +170,8 @@ class LearnerConfig:
     bit-exact (the matmuls see other shapes: float rounding). `auto` (default): on for a CPU learner (0.5B LoRA
     bfloat16, 4 sequences a micro-batch, 2 cores: the learner benchmark's step 12-18% shorter with 58-token prompts,
     42% with 512-token ones; docs/benchmarks.md), off on a GPU (0.5B full fine-tune on an H100, 512-token prompts:
-    no shorter step, the step there waits on the host; docs/learner_speed.md round 4); `true` on a GPU too. Models
-    whose layers all attend causally over the whole sequence through Hugging Face's SDPA attention; others, and
+    no shorter step, the step there waits on the host; docs/history/learner_speed.md round 4); `true` on a GPU too.
+    Models whose layers all attend causally over the whole sequence through Hugging Face's SDPA attention; others, and
     left-padded batches, run unpacked."""
     skip_zero_gradient_rows: bool = True
     """Leave out of the forward and backward passes the rows whose loss has no gradient: advantage 0 (a group whose
@@ -182,7 +182,7 @@ class LearnerConfig:
     still steps the optimizer, on one zero-weight row (AdamW's momentum and weight decay move the weights). The
     row-level metrics (entropy, ratio, learner/rollout mismatch) then describe the computed rows only;
     `loss/zero_gradient_rows` counts the others either way. The default run leaves out 29% of its rows and its
-    learner time falls 28% (docs/benchmarks.md, round 17). false: every row is computed (as TRL does)."""
+    learner time falls 28% (docs/history/benchmarks.md, round 17). false: every row is computed (as TRL does)."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass (Hugging Face `gradient_checkpointing_enable`):
     activation memory of one layer instead of all, for ~30% more compute. Works with DDP, DeepSpeed and LoRA."""
@@ -201,12 +201,12 @@ class LearnerConfig:
     """With > 0 (and the layers compiled): every forward's sequences are right-padded to a multiple of this many
     tokens and the layers compile one fixed-shape graph for each such length (and each number of rows) instead of
     one graph with dynamic shapes. On an H200 a fixed shape made the 0.5B full fine-tune's step 11% shorter (32.3%
-    against 28.6% MFU, docs/learner_speed.md round 3); padding to multiples of 128 costs at most 127 tokens a row,
-    never scored (right padding: a causal model's real tokens do not see it). Each new length compiles when it
+    against 28.6% MFU, docs/history/learner_speed.md round 3); padding to multiples of 128 costs at most 127 tokens a
+    row, never scored (right padding: a causal model's real tokens do not see it). Each new length compiles when it
     first appears (on a GPU tens of seconds; the on-disk cache keeps them for the next run), so a run of lengths up
     to 1,024 compiles up to 8 graphs (16 with the no-grad forwards of metrics). On a CPU a fixed shape was no faster
-    (docs/benchmarks.md round 9). 0 (default): dynamic shapes. Not with `shared_prefix=true` (its packed rows change
-    shape with each prompt)."""
+    (docs/history/benchmarks.md round 9). 0 (default): dynamic shapes. Not with `shared_prefix=true` (its packed rows
+    change shape with each prompt)."""
     offload_optimizer: bool = False
     """DeepSpeed only: keep optimizer state (and the fp32 master weights) in CPU memory, stepped by DeepSpeed's CPU
     Adam (`zero_optimization.offload_optimizer`)."""

@@ -7,21 +7,21 @@ mmap threshold (which adapts, up to 32 MiB) a fresh mapping and unmaps it when i
 its heap to the kernel: so every step page-faults and zeroes that memory again. At the 0.5B shape in bfloat16 that was
 1.9 million page faults per 64 x 64 generated tokens and ~20% of an engine's decode time; a learner's micro-batch
 ran 13-18% faster without them in single runs of its benchmark, within that machine's spread between runs
-(docs/benchmarks.md, round 8). `allocator_env` raises the mmap threshold to 1 GiB and turns trimming off. A freed
-block then goes back to malloc's free lists, still mapped, for the next step.
+(docs/history/benchmarks.md, round 8). `allocator_env` raises the mmap threshold to 1 GiB and turns trimming off. A
+freed block then goes back to malloc's free lists, still mapped, for the next step.
 
 An engine also gets one arena, every thread on malloc's main heap: a thread other than the main one, such as the one
 where a Ray actor runs its methods, otherwise allocates from heaps of at most 64 MiB that glibc unmaps whole once
 they are empty, whatever the trim threshold says. A learner does not: its OpenMP threads allocate inside parallel
 kernels (the attention's backward), and on one arena they wait for each other's lock. At the 25M shape in bfloat16
 that made the learner's update 4.75 s against 3.80 s with per-thread arenas (and 3.98 s with glibc's defaults;
-docs/benchmarks.md, round 9), while the 0.5B learner ran no faster on one arena than without it (round 8). The learner's
-update runs in a Ray Train thread, whose arena is a list of 64 MiB heaps that glibc unmaps as a free() empties them;
-a top pad above 64 MiB (`KEEP_THREAD_HEAPS`) keeps them mapped, so its micro-batches reuse the same pages. Kept
-as it is, a process would hold its high-water mark from then on: the engine the temporaries of its last weight
-reload, the learner the activations of a micro-batch while the engines sample. So each gives it back where a phase
-ends, when it holds more than 128 MiB free (`release_freed_memory`: after a weight reload and a rollout call, after
-the learner's update), and the next phase page-faults its blocks once, not at every step. Measured with the engine
+docs/history/benchmarks.md, round 9), while the 0.5B learner ran no faster on one arena than without it (round 8). The
+learner's update runs in a Ray Train thread, whose arena is a list of 64 MiB heaps that glibc unmaps as a free()
+empties them; a top pad above 64 MiB (`KEEP_THREAD_HEAPS`) keeps them mapped, so its micro-batches reuse the same
+pages. Kept as it is, a process would hold its high-water mark from then on: the engine the temporaries of its last
+weight reload, the learner the activations of a micro-batch while the engines sample. So each gives it back where a
+phase ends, when it holds more than 128 MiB free (`release_freed_memory`: after a weight reload and a rollout call,
+after the learner's update), and the next phase page-faults its blocks once, not at every step. Measured with the engine
 alone after such a release: 3-5 page faults per generated token on one arena, 130-160 with glibc's per-thread
 arenas (hence one arena for the engine).
 
@@ -47,8 +47,8 @@ NO_TRIM = 1 << 40  # the free top of the heap is kept (glibc takes any size_t)
 # (arena.c's heap_trim). With a pad above 64 MiB no heap qualifies, so a learner's activations stay mapped from one
 # micro-batch to the next in Ray Train's training thread as they do on the main heap. Without it the run's learner
 # page-faulted and zeroed 0.7-2.1 million pages (3-8 GB) a step, 6-14 CPU-seconds of system time, where the same
-# update in a main thread faults almost none after its first step (docs/benchmarks.md, round 13). On the main heap
-# the pad only widens each brk() extension; pages are resident once touched, as before.
+# update in a main thread faults almost none after its first step (docs/history/benchmarks.md, round 13). On the main
+# heap the pad only widens each brk() extension; pages are resident once touched, as before.
 KEEP_THREAD_HEAPS = 128 * 2**20
 USER_SETTINGS = (
     "LD_PRELOAD",

@@ -20,12 +20,12 @@ Observations come in two wordings (`OBSERVATIONS`), chosen by `GridEnv(observati
 - "cell": observations give the new cell only ("at 2,3", "blocked, at 0,3", "at 3,2 goal"). After the first move the
   offset left is stated nowhere: the policy must track it through its own moves and the blocked ones, which is what
   predicting the observations (the cell each move leads to, and when it is the goal) teaches. The tiny model's
-  warm-up did not learn to follow the prompt on this wording (docs/echo.md, round 5).
+  warm-up did not learn to follow the prompt on this wording (docs/history/echo.md, round 5).
 - "delayed": each observation says whether the move went through and reports the walker one move late, where it was
   before the move ("moved, before: at 1,3, goal 2 east 1 south"; "blocked, before: ..."). Where the walker is now,
   and whether it stands on the goal, is the next observation: the policy must predict it (apply its last move to the
   last report) to choose the next move or to stop, and predicting the next observation is what ECHO trains.
-  builtin:tiny-grid-delayed, examples/grid/delayed.yaml, docs/echo.md round 5.
+  builtin:tiny-grid-delayed, examples/grid/delayed.yaml, docs/history/echo.md round 5.
 
 Why the offset is spelled out (TEXT_VERSION 2): with cells only ("Go to 3,2", "at 2,3"), the 0.44M model never
 learned to compare coordinates: its first move did not depend on the goal even after warm-ups biased toward it,

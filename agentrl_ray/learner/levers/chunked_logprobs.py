@@ -35,8 +35,8 @@ CUDA_CHUNK_ELEMENTS = 1 << 27
 AMX_CHUNK_ELEMENTS = CUDA_CHUNK_ELEMENTS
 # Forward keeps the (N, V) probabilities for backward when they fit: that saves the recompute's head matmul and
 # float32 softmax pass. On a CPU a step -7.3% (docs/benchmarks.md, "The CPU learner's levers"); on an H200 -3 to -4% at
-# 0.5B and -2 to -8% at 1.5B (16 x 1,024 tokens: 4.4 GB kept; docs/learner_speed.md, round 3). On a GPU the budget
-# is also at most CUDA_KEEP_FREE_SHARE of the memory it has free at the call (the driver's free memory and the
+# 0.5B and -2 to -8% at 1.5B (16 x 1,024 tokens: 4.4 GB kept; docs/history/learner_speed.md, round 3). On a GPU the
+# budget is also at most CUDA_KEEP_FREE_SHARE of the memory it has free at the call (the driver's free memory and the
 # caching allocator's unused blocks), so that a GPU shared with an engine or a large model is not pushed to OOM.
 KEEP_BYTES = 1 << 30
 CUDA_KEEP_BYTES = 8 << 30

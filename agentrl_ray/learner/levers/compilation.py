@@ -18,14 +18,15 @@ LAYER_COMPILE_OPTIONS: dict = {"dynamic": True}
 # What is compiled: "layers", each decoder layer (one graph that all of them share), or "stack", the module that
 # holds the layers (embedding, every layer and the final norm in one graph: one call's host overhead per forward
 # instead of one per layer; on a GPU the 0.5B step waits on the host for a fifth to a third of its time,
-# docs/learner_speed.md round 3). benchmarks/learner_throughput.py's `stack` lever sets "stack". Runs compile layers:
-# the stack's compilation took 125 s against 28 s layer by layer on a CPU (0.5B LoRA) and did not end in 270 s on
-# an H100's host (0.5B full; docs/learner_speed.md round 4): inductor's fusion pass grows faster than the graph.
+# docs/history/learner_speed.md round 3). benchmarks/learner_throughput.py's `stack` lever sets "stack". Runs compile
+# layers: the stack's compilation took 125 s against 28 s layer by layer on a CPU (0.5B LoRA) and did not end in 270 s
+# on an H100's host (0.5B full; docs/history/learner_speed.md round 4): inductor's fusion pass grows faster than the
+# graph.
 COMPILE_SCOPE = "layers"
 # Each compiled layer's linears that read the same input (q/k/v, gate/up, and LoRA's A on each) run as one matmul
-# (learner/levers/linear_fusion.py). Off until a GPU measures it (docs/learner_speed.md round 5): on a CPU the step was
-# level with it, and the concatenated weights kept for backward raised the learner's peak RSS by 0.18-0.61 GiB at
-# 0.5B (docs/benchmarks.md round 11). benchmarks/learner_throughput.py's `fuse` lever turns it on.
+# (learner/levers/linear_fusion.py). Off until a GPU measures it (docs/history/learner_speed.md round 5): on a CPU the
+# step was level with it, and the concatenated weights kept for backward raised the learner's peak RSS by 0.18-0.61 GiB
+# at 0.5B (docs/history/benchmarks.md round 11). benchmarks/learner_throughput.py's `fuse` lever turns it on.
 FUSE_SHARED_INPUT_LINEARS = False
 # learner.compile_buckets: how many fixed-shape graphs of a layer torch keeps before it falls back to eager
 FIXED_SHAPE_GRAPHS = 128

@@ -3,7 +3,7 @@
 A Hugging Face decoder layer calls its q, k and v projections on the same normed hidden states, and its gate and up
 projections on the same input again; under LoRA each of those also runs its adapter's A on that input. Inductor
 keeps every such call a kernel of its own, forward and backward: at 0.5B a LoRA step launches 1,317 matmuls against
-the full fine-tune's 517, and on a GPU that step waits on the host (docs/learner_speed.md, round 3). This pass,
+the full fine-tune's 517, and on a GPU that step waits on the host (docs/history/learner_speed.md, round 3). This pass,
 run by inductor on each layer's graph before autograd is traced, replaces each set of `linear(x, W_i, b_i)` that
 share `x` with one `linear(x, cat(W_i), cat(b_i))` whose output is split back: one matmul for the forward, one for
 the input's gradient and one for the weights' (then sliced). Parameter names, state dicts and PEFT's modules are
