@@ -149,11 +149,13 @@ class StreamFeed:
             if slot not in self.consumed_ahead:
                 self._send(slot)
 
-    def _send(self, slot: int) -> None:
+    def _send(self, slot: int, redo: bool = False) -> None:
+        """`redo`: the slot's call lost its work; environments it left open under the same keys are closed first."""
         r = self.cfg.rollout
         worker = min(range(len(self.load)), key=lambda i: (self.load[i], i))
         seed = self.cfg.run.seed * 100003 + 7919 * slot  # distinct per slot: the environments' keys include it
-        ref = self.pool.workers[worker].rollout.remote([self._row(slot)], r.group_size, r.temperature, seed)
+        row = self._row(slot)
+        ref = self.pool.workers[worker].rollout.remote([row], r.group_size, r.temperature, seed, None, redo)
         self.in_flight[ref] = (slot, worker)
         self.load[worker] += 1
 
@@ -184,7 +186,7 @@ class StreamFeed:
                 self.pool.recovery.recover()  # raises past the bound on restarts
                 self._reload_restarted()
                 self.counts["regenerated_groups"] += 1
-                self._send(slot)
+                self._send(slot, redo=True)
                 continue
             self.back[slot] = (groups[0], timings)
 

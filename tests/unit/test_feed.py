@@ -141,7 +141,7 @@ class _Calls:
         self.rollout = self
         self.log, self.index = log, index
 
-    def remote(self, rows, group_size, temperature, seed):
+    def remote(self, rows, group_size, temperature, seed, weights=None, redo=False):
         self.log.append((self.index, rows[0]["id"], seed))
         return object()
 
