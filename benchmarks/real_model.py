@@ -117,6 +117,7 @@ def main() -> int:
         help="the RL and evaluation config (default: examples/<task>/config.yaml; e.g. gsm_tools' gsm_symbolic.yaml, "
         "whose turn and token budgets fit the word problems)",
     )
+    p.add_argument("--model", default=MODEL, help=f"the model to start from (default {MODEL})")
     p.add_argument("--steps", type=int, default=30, help="RL steps")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--eval-size", type=int, default=None, help="held-out rows (default: the config's)")
@@ -147,7 +148,7 @@ def main() -> int:
     data = out / "data"
     result: dict = {
         "task": args.task,
-        "model": MODEL,
+        "model": args.model,
         "cpu": cpu_name(),
         "date": time.strftime("%Y-%m-%d"),
         "args": vars(args),
@@ -159,6 +160,7 @@ def main() -> int:
         "data", [sys.executable, f"examples/{args.task}/make_data.py", "--out", str(data), *args.data_args.split()], out
     )
     common = [f"data.train={data / 'train.jsonl'}", f"data.eval={data / 'eval.jsonl'}", f"run.output_dir={out}"]
+    untrained_model = [f"model.path={args.model}"] if args.model != MODEL else []
     if args.eval_size:
         common.append(f"data.eval_size={args.eval_size}")
     done = json.loads((out / "phases.json").read_text()) if args.resume and (out / "phases.json").is_file() else {}
@@ -166,7 +168,17 @@ def main() -> int:
     if not args.skip_untrained and "untrained" not in done:
         result["phases"]["untrained"] = phase(
             "untrained",
-            [cli, "eval", "--config", config, *common, "run.name=untrained", "--out", str(out / "untrained")],
+            [
+                cli,
+                "eval",
+                "--config",
+                config,
+                *common,
+                *untrained_model,
+                "run.name=untrained",
+                "--out",
+                str(out / "untrained"),
+            ],
             out,
         )
         (out / "phases.json").write_text(json.dumps(result["phases"], indent=2))
@@ -188,7 +200,7 @@ def main() -> int:
                 "sft",
                 str(sft_source),
                 "--model",
-                MODEL,
+                args.model,
                 "--out",
                 str(out / "warm"),
                 "--epochs",
