@@ -61,6 +61,8 @@ class Policy:
             # The frozen base needs no float32 master copy: bf16 halves its memory and spares autocast's per-call
             # casts of every weight (PEFT keeps the adapter, the only trained part, in float32).
             load_dtype = torch.bfloat16
+        # A bfloat16 base cannot run without autocast beside the float32 adapter: `exact` forwards keep it then.
+        self.mixed_weights = load_dtype == torch.bfloat16 and cfg.lora.enabled
         if cfg.bf16 and not cfg.use_gpu and self.rank == 0:
             warning = emulated_bf16_warning(this_cpu(), "learner.bf16=true")
             if warning:
@@ -200,7 +202,7 @@ class Policy:
             out = model(input_ids=ids, position_ids=positions, use_cache=False, **{shared_prefix.KWARG: layout})
             return shared_prefix.unpack(out.logits, rows, prefix)
 
-        with contextlib.nullcontext() if exact else self.autocast():
+        with contextlib.nullcontext() if exact and not self.mixed_weights else self.autocast():
             if head is None:
                 return token_logprobs_and_entropy(forward(), input_ids, with_entropy)
             with hidden_states_out(head):

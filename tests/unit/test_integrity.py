@@ -253,3 +253,17 @@ def test_a_violation_warns_counts_and_under_strict_integrity_stops(tmp_path):
         assert metrics["health/level"] == 1 and "; weights: mean |log-prob gap| 0.3" in metrics["health/reasons"]
         assert "integrity token_continuity: 1 trajectory(ies)" in metrics["health/reasons"]
         assert watch.finish(3, None)["first_integrity_failure"].startswith("step 3: token_continuity: 1")
+
+
+@pytest.mark.slow
+def test_the_probe_runs_on_a_bfloat16_lora_base(builtin_model_path, monkeypatch):
+    """profile=lora with learner.bf16 keeps the frozen base in bfloat16 beside the float32 adapter: the probe's forward
+    keeps the autocast there (without it the matmuls mixed dtypes and the 0.5B run stopped at its first probe)."""
+    from agentrl_ray.sync.lora import merged_stream
+
+    lora = ["learner.lora.enabled=true", "learner.lora.r=8", "learner.bf16=true"]
+    cfg, policy, engine, integrity = _learner_and_engine(builtin_model_path, monkeypatch, lora)
+    assert policy.mixed_weights and integrity.band == 0.15
+    _one_step(policy, integrity, cfg.learner.lr)
+    engine.load_weights(merged_stream(builtin_model_path, dict(policy.named_tensors_for_sync()), policy.lora_scaling))
+    assert _gap(engine, integrity, policy) < integrity.band
