@@ -116,7 +116,7 @@ def validate(cfg: Config) -> None:
         need(
             cfg.sync.transport == "object_store",
             f"sync.pipeline=stream hands each engine its weights while it generates: it needs "
-            f"sync.transport=object_store, not {cfg.sync.transport}",
+            f"sync.transport=object_store, not {cfg.sync.transport} (profile=gpu picks collective: override it)",
         )
         need(
             cfg.placement.mode != "colocated" and r.sleep_mode != "always",

@@ -68,6 +68,7 @@ class Plan:
     bundles: list[tuple[str, dict[str, float]]]  # the rollout placement group: (node id, resources) per bundle
     tensor_parallel_size: int
     gpu_memory_utilization: float
+    pipeline: str = ""  # the rollout/learner pipeline this plan runs, and what it means here (docs/async.md)
 
     def to_dict(self) -> dict[str, Any]:
         slots = {"engines": self.engines, "env_hosts": self.env_hosts, "learners": self.learners}
@@ -90,6 +91,8 @@ class Plan:
             + ", "
             f"{len(self.env_hosts)} env host(s), {len(self.learners)} learner rank(s)"
         ]
+        if self.pipeline:
+            lines.append(f"pipeline: {self.pipeline}")
         for i, node in enumerate(self.nodes):
             parts = []
             for role, slots in (
@@ -223,7 +226,18 @@ def make_plan(nodes: list[Node], cfg: Config) -> Plan:
     ]
     engine_slots, env_slots, bundles = _bundles(engine_slots, env_slots)
     gpu_mem = r.gpu_memory_utilization or GPU_MEMORY.get(mode, 0.85)
-    return Plan(mode, nodes, engine_slots, env_slots, learner_slots, bundles, tp, gpu_mem)
+    return Plan(mode, nodes, engine_slots, env_slots, learner_slots, bundles, tp, gpu_mem, _pipeline(cfg, mode))
+
+
+def _pipeline(cfg: Config, mode: str) -> str:
+    k = cfg.sync.max_staleness
+    if cfg.sync.pipeline == "batch":
+        return f"batch, k={k}: " + ("on-policy" if k == 0 else "step t+1 sampled while step t trains")
+    where = {
+        "cpu": "engines and learner share the nodes' cores: the update runs slower while the engines generate",
+        "separate": "engines and learner on their own GPUs",
+    }[mode]
+    return f"stream, k={k}: up to {max(k, 1)} steps of groups in flight, weights land between turns; {where}"
 
 
 def _mode(cfg: Config, total_gpus: float) -> str:
@@ -237,6 +251,11 @@ def _mode(cfg: Config, total_gpus: float) -> str:
             "profile=cpu"
         )
     both = r.use_gpu and lc.use_gpu
+    if mode == "auto" and both and total_gpus < 2 and cfg.sync.pipeline == "stream":
+        raise PlacementError(
+            "sync.pipeline=stream keeps the engines generating while the learner trains: on one GPU they would share "
+            "it (placement colocated); use sync.pipeline=batch there, or a second GPU"
+        )
     if mode == "auto":
         return "colocated" if both and total_gpus < 2 else "separate"
     if mode == "colocated":

@@ -202,3 +202,17 @@ def test_sync_transport_follows_the_plan():
     cfg = _cfg("profile=gpu", "placement.mode=colocated", "sync.transport=ipc")
     with pytest.raises(PlacementError, match="every engine must share it: this plan \\(colocated\\) has 2 engine"):
         apply_plan(cfg, make_plan(nodes_from_spec('[{"CPU": 16, "GPU": 2}]'), cfg))
+
+
+def test_the_stream_pipeline_needs_engines_apart_and_the_plan_says_which_pipeline_runs():
+    stream = ("profile=gpu", "sync.transport=object_store", "sync.pipeline=stream", "sync.max_staleness=2")
+    with pytest.raises(PlacementError, match="on one GPU they would share it"):
+        make_plan(nodes_from_spec('[{"CPU": 8, "GPU": 1}]'), _cfg(*stream))
+    plan = make_plan(nodes_from_spec('[{"count": 2, "CPU": 16, "GPU": 4}]'), _cfg(*stream))
+    assert plan.mode == "separate" and "pipeline: stream, k=2" in plan.describe()
+    assert "on their own GPUs" in plan.pipeline
+    assert (
+        "share the nodes' cores"
+        in make_plan(nodes_from_spec('[{"CPU": 2}]'), _cfg("profile=cpu", *stream[2:])).pipeline
+    )
+    assert make_plan(nodes_from_spec('[{"CPU": 2}]'), _cfg("profile=cpu")).pipeline.startswith("batch, k=")
