@@ -31,9 +31,10 @@ def commit() -> str:
     return head.stdout.strip() + ("+changes" if dirty else "")
 
 
-def write_result(benchmark: str, config: str, out: str | None, result: dict) -> None:
+def write_result(benchmark: str, config: str, out: str | None, result: dict) -> Path:
     """`result` as JSON at `out`, else at the results tree's name for `benchmark`, labelled by the config's folder."""
     path = Path(out) if out else default_out(benchmark, label=Path(config).parent.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
+    return path

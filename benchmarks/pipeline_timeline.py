@@ -22,9 +22,11 @@ compare each mode's trained trajectories/s with batch k=0's and k=1's.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from cli_runs import commit, train_records, write_result
 from results_path import cpu_tag
@@ -71,8 +73,29 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--modes", default="0,1,stream:2,stream:4", help="K (batch pipeline) or stream:K, in order")
     p.add_argument("--out", default=None)
+    p.add_argument(
+        "--project",
+        action="store_true",
+        help="then calibrate the pipeline simulator here, check it against these modes and project to 64 engines and "
+        "8 learner ranks (pipeline_sim.py; needs the modes 0, 1, stream:2 and stream:4)",
+    )
     p.add_argument("extra", nargs="*", help="config overrides for every run")
+    p.add_argument(
+        "--project-from",
+        default=None,
+        help="--project against this earlier result, measuring nothing (its stored calibration too: see --calibrate)",
+    )
+    p.add_argument("--calibrate", action="store_true", help="with --project-from: measure the calibration again")
     a = p.parse_args()
+    if a.project_from:
+        from pipeline_sim import project
+
+        path = Path(a.project_from)
+        result = json.loads(path.read_text())
+        stored = None if a.calibrate else result.get("projection", {}).get("calibration")
+        result["projection"] = project(result["config"], path, a.steps, stored)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        return
     from agentrl_ray.envs.builtin.longtail import p99_over_median
     from agentrl_ray.infra.profiles import load_config
 
@@ -108,7 +131,12 @@ def main() -> None:
         print(f"{name:28s}" + "".join(f"{v.get(name, float('nan')):18.2f}" for v in modes.values()))
     for name in ("stale_dropped", "regenerated_groups"):
         print(f"{name:28s}" + "".join(f"{v[name]:18d}" for v in modes.values()))
-    write_result("pipeline_timeline", a.config, a.out, result)
+    path = write_result("pipeline_timeline", a.config, a.out, result)
+    if a.project:
+        from pipeline_sim import project
+
+        result["projection"] = project(a.config, path, a.steps)
+        path.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

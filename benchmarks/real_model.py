@@ -129,6 +129,9 @@ def main() -> int:
         help=f"SFT on N shuffled train rows only (0: all; default: the task's, {SFT_ROWS})",
     )
     p.add_argument("--sft-lr", type=float, default=1e-4)
+    p.add_argument(
+        "--sft-batch-size", type=int, default=8, help="2 for the 0.5B model: its 152k-token head's logits at 8 x 1,024"
+    )
     p.add_argument("--lora", action="store_true", help="RL with profile=lora (adapters) instead of a full fine-tune")
     p.add_argument("--skip-untrained", action="store_true")
     p.add_argument("--data-args", default="", help="extra arguments of make_data.py (e.g. '--dataset chain_sum')")
@@ -208,7 +211,7 @@ def main() -> int:
                 "--lr",
                 str(args.sft_lr),
                 "--batch-size",
-                "8",
+                str(args.sft_batch_size),
                 "--max-length",
                 "1024",
             ],

@@ -227,7 +227,7 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
 }
 BENCHMARKS = {name: b for group in GROUPS.values() for name, b in group.items()}
 # Imported by the benchmarks, not run: the process-tree watcher and the 0.5B shape's builder.
-HELPERS = ("process_tree.py", "qwen05b_shape.py", "cli_runs.py", "results_path.py", "run.py")
+HELPERS = ("process_tree.py", "qwen05b_shape.py", "cli_runs.py", "pipeline_sim.py", "results_path.py", "run.py")
 
 
 def command(name: str, args: list[str] | None = None) -> list[str]:
