@@ -23,7 +23,7 @@ class SyncConfig:
     it is dropped and counted, `rollout/stale_dropped`)."""
     pipeline: Literal["batch", "stream"] = "batch"
     """batch: a step's groups go out together and come back together, weights change only between batches
-    (bit-reproducible, docs/reliability.md); stream: the engines keep (k+1) steps of groups in flight, the learner
+    (bit-reproducible, docs/reliability.md); stream: the engines keep max(k, 1) steps of groups in flight, the learner
     trains on the first complete groups, and weights land in the engines between two turns, in flight
     (docs/async.md). Needs engines apart from the learner and the object-store transport."""
     bucket_mb: int = 256

@@ -21,7 +21,6 @@ import asyncio
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from agentrl_ray.rollout.engine import Engine, Generation
 
@@ -42,8 +41,6 @@ class TurnScheduler:
         self._lock = asyncio.Lock()  # held by each batched call, by a weight load and by the probe
         self._queue: list[_Request] = []
         self._runner: asyncio.Task | None = None
-        self.calls = 0  # batched engine calls made
-        self.busy_s = 0.0  # seconds inside them
 
     async def generate(
         self,
@@ -69,7 +66,6 @@ class TurnScheduler:
             yield
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while self._queue:
             async with self._lock:
                 batch, self._queue = self._queue, []
@@ -78,7 +74,6 @@ class TurnScheduler:
                     by_options.setdefault(request.options, []).append(request)
                 version = self.version()
                 for (temperature, top_p, stops), requests in by_options.items():
-                    t0 = loop.time()
                     try:
                         gens = await asyncio.to_thread(
                             self.engine.generate,
@@ -96,13 +91,7 @@ class TurnScheduler:
                         if not isinstance(err, Exception):
                             raise
                         continue
-                    finally:
-                        self.calls += 1
-                        self.busy_s += loop.time() - t0
                     for r, gen in zip(requests, gens):
                         if not r.future.done():
                             r.future.set_result((gen, version))
             await asyncio.sleep(0)  # let finished episodes' environments and a waiting weight load in
-
-    def stats(self) -> dict[str, Any]:
-        return {"calls": self.calls, "busy_s": self.busy_s}
