@@ -5,10 +5,18 @@ and a build cut short never leaves a half-written folder where a model is expect
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+SHIPPED = Path(__file__).parent / "weights"  # built models shipped as package data (pyproject.toml)
+
+
+def default_cache_root() -> Path:
+    """Where models are built and converted once per machine: $AGENTRL_CACHE, else ~/.cache/agentrl_ray."""
+    return Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl_ray").expanduser()
 
 
 def build_once(target: Path, build: Callable[[Path], object], *, force: bool = False) -> Path:

@@ -41,10 +41,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from agentrl_ray.builtin import grid as builtin_grid
-from agentrl_ray.builtin.cache import build_once
+from agentrl_ray.builtin.cache import SHIPPED, build_once, default_cache_root
 from agentrl_ray.builtin.recipe import CHAT_TEMPLATE, NAME, RECIPE_VERSION, RECIPES, SPECIAL_TOKENS, Recipe
 from agentrl_ray.chat_format import END_OF_TURN, ToolCall, encode_segments, render_tool_call, tool_response_segments
 from agentrl_ray.envs.builtin.calculator import CalculatorEnv
@@ -58,13 +56,6 @@ log = logging.getLogger(__name__)
 def calculator_tools() -> list[dict[str, Any]]:
     """The tool schemas rollouts render for the default env: the model is warm-started on that very system prompt."""
     return tool_schemas(CalculatorEnv)
-
-
-SHIPPED = Path(__file__).parent / "weights"  # built models shipped as package data (pyproject.toml)
-
-
-def default_cache_root() -> Path:
-    return Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl_ray").expanduser()
 
 
 def recipe_hash(recipe: Recipe, tools: list[dict[str, Any]]) -> str:
@@ -116,6 +107,7 @@ def ensure_builtin_model(
 
 
 def build(out_dir: Path, recipe: Recipe, tools: list[dict[str, Any]]) -> None:
+    import torch  # here, not at the top: the driver resolves `builtin:` names without torch
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
     start = time.perf_counter()
@@ -308,6 +300,8 @@ def supervised_warmup(model, examples: list[tuple[list[int], list[int]]], recipe
     and lets the whole batch attend to its keys/values (gradients flow back through them): same loss, less compute.
     Batches are right-padded, so under causal attention no real token ever sees a pad and no mask is needed.
     """
+    import torch
+
     shared = _common_prefix_len([ids for ids, _ in examples])
     if any(any(mask[: shared + 1]) for _, mask in examples):
         raise ValueError("the shared prefix of the warm-up dialogues (and the token after it) must carry no loss")

@@ -7,14 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agentrl_ray.builtin.cache import default_cache_root
 from agentrl_ray.builtin.pretrained import GGUF_PREFIX, PRETRAINED, ensure_gguf_model, ensure_pretrained, gguf_file
 from agentrl_ray.config import ConfigError
-
-
-def default_cache_root() -> Path:
-    from agentrl_ray.builtin.model import default_cache_root
-
-    return default_cache_root()
 
 
 def resolve_model(path: str) -> str:

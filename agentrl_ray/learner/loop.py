@@ -50,7 +50,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
 def _train_loop(config: dict[str, Any]) -> None:
     import ray.train
-    from transformers import AutoTokenizer
+
+    from agentrl_ray.builtin.tokenizer import load_tokenizer
 
     cfg: Config = config["config"]
     pool, model_path = config["pool"], config["model_path"]
@@ -59,7 +60,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     startup.mark(f"learner {rank}", "loop entered (imports done)")
     torch.set_num_threads(config["threads"].learner_worker_threads())  # the run's policy, see threads.py
     torch.manual_seed(cfg.run.seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     policy = Policy(model_path, cfg.model, cfg.learner, need_reference=cfg.algorithm.beta > 0)
     state = restore(policy, config.get("resume_from")) or {"step": 0, "samples": 0}

@@ -59,14 +59,14 @@ class RolloutWorker:
         startup.mark("engine", "actor built (imports done)")
         # Before the engine starts: vLLM CPU freezes the thread count then (its env vars came with the process).
         torch.set_num_threads(threads.engine_threads())
-        from transformers import AutoTokenizer
+        from agentrl_ray.builtin.tokenizer import load_tokenizer
 
         self.index = index
         self.cfg = cfg
         self.reward_cfg = reward_cfg
         self.envs = EnvClient(env_hosts, env_cfg.name, env_cfg.kwargs, env_cfg.tool_specs())
         self.model_path = model_path
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_tokenizer(model_path)
         if self.tokenizer.eos_token_id is None:
             raise ValueError(f"the tokenizer of {model_path} has no eos token: turns could never end")
         env_class = make_env_class(env_cfg.name, env_cfg.tool_specs())

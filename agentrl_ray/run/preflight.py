@@ -213,9 +213,9 @@ def check_reward_columns(fn: Callable, name: str, rows: list[dict], where: str) 
 
 
 def load_tokenizer(model_path: str) -> Any:
-    from transformers import AutoTokenizer
+    from agentrl_ray.builtin.tokenizer import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(model_path)
+    return load_tokenizer(model_path)
 
 
 def _call(fn: Callable, *args: Any, **kwargs: Any) -> Any:

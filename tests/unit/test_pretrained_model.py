@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl_ray.builtin import pretrained
 from agentrl_ray.builtin.chat_template import PROBE_TOOL, chatml_tool_template, renders_tools, tool_template_for
+from agentrl_ray.builtin.tokenizer import load_tokenizer
 from agentrl_ray.chat_format import encode_segments, tool_response_segments
 from agentrl_ray.config import ConfigError
 from agentrl_ray.data import _check_row
@@ -186,6 +187,7 @@ def test_the_qwen_model_converts_from_its_parts_and_speaks_with_its_own_tool_tem
     config = json.loads((folder / "config.json").read_text())
     assert (config["model_type"], config["num_hidden_layers"], config["hidden_size"]) == ("qwen2", 24, 896)
     tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert type(load_tokenizer(str(folder))) is type(tokenizer)  # the class it records is AutoTokenizer's
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is 347 * 29?"}],
         tools=[CALCULATOR],
