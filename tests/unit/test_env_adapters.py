@@ -165,3 +165,65 @@ def test_textarena_refuses_what_it_cannot_play():
         TextArenaEnv("NoSuchGame-v0")
     with pytest.raises(ValueError, match="not a single-player game: self-play is not adapted yet"):
         TextArenaEnv("TicTacToe-v0").reset(id="x")
+
+
+GEM_ADAPTER = "agentrl_ray.envs.adapters.gem:GEMEnv"
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_gem_game_plays_through_the_loop_and_pays_its_rewards(tok, isolation):
+    """GEM's GuessTheNumber: each guess is a turn, the game's hint with GEM's suffix is the next user turn
+    (environment tokens), and the episode's reward is the sum of GEM's step rewards."""
+    from agentrl_ray.envs.adapters.gem import GEMEnv
+
+    row = {"id": "g1", "prompt": "Play.", "seed": 11}
+    probe = GEMEnv("game:GuessTheNumber-v0-easy")
+    rules = probe.reset(**row)
+    guesses, hints, rewards, lo, hi = [], [], [], 1, 10
+    while True:  # binary search on the game itself
+        guesses.append(f"I guess \\boxed{{{(lo + hi) // 2}}}.")
+        hint, reward, done = probe.step(guesses[-1])
+        rewards.append(reward)
+        if done:
+            break
+        hints.append(hint)
+        lo, hi = ((lo + hi) // 2 + 1, hi) if "higher" in hint else (lo, (lo + hi) // 2 - 1)
+    assert "Guess The Number" in rules and len(guesses) >= 2 and rewards[-1] == 1.0
+    assert all(h.endswith("Enter your next guess.") for h in hints)
+    turns = [g + "<|im_end|>" for g in guesses]
+    cfg = RolloutConfig(max_turns=8, max_tokens_per_turn=32, max_total_tokens=900)
+    prompt, ep, got = run_turn_based(
+        tok, turns, cfg, GEM_ADAPTER, row, isolation, PROMPT_TEXT, env_kwargs={"id": "game:GuessTheNumber-v0-easy"}
+    )
+    assert ep.finish_reason == "done" and got == pytest.approx(sum(rewards))
+    assert [m["content"] for m in ep.messages if m["role"] == "user"] == hints
+    env_text = tok.decode([t for t, r in zip(ep.ids, ep.roles) if r == TokenRole.ENV])
+    assert all(h in env_text for h in hints)
+
+
+def test_gems_python_tool_runs_a_block_and_the_answer_is_scored():
+    """gem's ToolEnvWrapper with its PythonCodeTool around a reasoning-gym task: a `<python>` block runs and its
+    output is the next user turn; the boxed answer is scored by reasoning-gym (1.0 right, 0.0 wrong)."""
+    from agentrl_ray.envs.adapters.gem import GEMEnv
+
+    env = GEMEnv("rg:basic_arithmetic", tools=["python"], max_tool_uses=2)
+    question = env.reset(id="q", seed=5)
+    expression = question.splitlines()[0].removeprefix("Calculate ").rstrip(".").replace("= ?", "").strip()
+    assert "<python>" in question  # the tool's instructions follow the question
+    output, reward, done = env.step(f"<python>print({expression})</python>")
+    assert not done and reward == 0.0 and str(eval(expression)) in output  # noqa: S307 - the task's own arithmetic
+    for answer, expected in ((eval(expression), 1.0), (eval(expression) + 1, 0.0)):  # noqa: S307
+        env.reset(id="q", seed=5)
+        assert env.step(f"The answer is \\boxed{{{answer}}}") == (None, expected, True)
+
+
+def test_gem_refuses_what_it_cannot_make(monkeypatch):
+    from agentrl_ray.envs.adapters.gem import GEMEnv
+
+    with pytest.raises(ValueError, match="not a registered GEM environment"):
+        GEMEnv("game:NoSuchGame-v0")
+    with pytest.raises(ValueError, match="unknown tools"):
+        GEMEnv("rg:basic_arithmetic", tools=["search"])
+    monkeypatch.setitem(sys.modules, "gem", None)
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps gem-llm==0.1.0"):
+        GEMEnv("rg:basic_arithmetic")
