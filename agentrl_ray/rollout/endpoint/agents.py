@@ -39,8 +39,9 @@ model's tool calls, code, shell commands). The author is trusted, its behaviour 
   level).
 Measured by tests/unit/test_agent_isolation.py with a hostile program at both levels beside a well-behaved one.
 
-Rewards: the number `run` returns; `None` (or nothing): the reward functions score the transcript (the last call's
-messages and its reply, after the first call's prompt), with TRL's signature, as for a built-in environment.
+Rewards: the number `run` returns, or `{"reward": r, "parts": {name: value}}` (its components, logged as reward parts
+`agent/<name>`); `None` (or nothing): the reward functions score the transcript (the last call's messages and its
+reply, after the first call's prompt), with TRL's signature, as for a built-in environment.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ import shutil
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -106,6 +107,7 @@ CLIENT_MODULES = (
 class Outcome:
     reward: float | None
     error: str  # "" when the program returned
+    parts: dict[str, float] = field(default_factory=dict)  # the components the program gave with its reward
 
 
 # ---------------------------------------------------------------- the child's side (in the zygote's fork)
@@ -227,11 +229,19 @@ def _address(base_url: str) -> tuple[str, int]:
 def _outcome(answer: list) -> Outcome:
     """What the child answered, checked: a program that writes to its socket itself gets no other answer through."""
     status, value, _ = answer
-    if status == "ok" and (value is None or (type(value) in (int, float) and math.isfinite(value))):
+    if status == "ok" and (value is None or _number(value)):
         return Outcome(None if value is None else float(value), "")
+    if status == "ok" and isinstance(value, dict) and set(value) == {"reward", "parts"} and _number(value["reward"]):
+        parts = value["parts"]
+        if isinstance(parts, dict) and all(isinstance(k, str) and _number(v) for k, v in parts.items()):
+            return Outcome(float(value["reward"]), "", {k: float(v) for k, v in parts.items()})
     if status == "error" and isinstance(value, str):
         return Outcome(None, value[:2000])
     return Outcome(None, "the agent's process sent something that is not an answer")
+
+
+def _number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
 
 
 def _check_sandbox() -> None:
@@ -314,7 +324,7 @@ class AgentRunner:
             rows, sessions, outcomes, sequences, prompts, completions, stats, rewards, parts
         ):
             if o.reward is not None:
-                r, p = o.reward, {"agent": o.reward}
+                r, p = o.reward, {"agent": o.reward, **{f"agent/{k}": v for k, v in o.parts.items()}}
             elif st["finish_reason"] == "error":
                 r, p = 0.0, {**p, "agent/error": 1.0}
             out.append(self._trajectory(row, s, seqs, st, float(r), p, prompt, completion, version))

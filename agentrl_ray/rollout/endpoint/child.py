@@ -22,8 +22,20 @@ def run_agent(fn, base, row: dict[str, Any], base_url: str, api_key: str, timeou
     try:
         client = base.with_options(base_url=base_url, api_key=api_key, timeout=timeout_s)
         result = asyncio.run(fn(client, row))
-        if result is not None and (not isinstance(result, numbers.Real) or math.isnan(float(result))):
-            raise TypeError(f"run(client, row) returned {type(result).__name__} {result!r}: a reward (float) or None")
-        return ["ok", None if result is None else float(result)]
+        if isinstance(result, dict):  # {"reward": float, "parts": {name: float}}: a reward with its components
+            parts = result.get("parts") or {}
+            if set(result) - {"reward", "parts"} or not isinstance(parts, dict):
+                raise TypeError(f"run(client, row) returned {result!r}: a dict holds 'reward' and 'parts' only")
+            return [
+                "ok",
+                {"reward": _reward(result.get("reward")), "parts": {str(k): _reward(v) for k, v in parts.items()}},
+            ]
+        return ["ok", None if result is None else _reward(result)]
     except BaseException as e:  # noqa: BLE001 - any failure of the user's program is the trajectory's error
         return ["error", describe(e, limit=1000)]
+
+
+def _reward(value: Any) -> float:
+    if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise TypeError(f"run(client, row) returned {type(value).__name__} {value!r} as a reward: a finite number")
+    return float(value)
