@@ -117,3 +117,73 @@ def test_only_openenv_classes_are_adapted():
     assert is_openenv_class(openenv_envs.GuessEnv) and is_openenv_class(openenv_envs.ArithmeticEnv)
     assert not is_openenv_class(CalculatorEnv)
     assert load_env_class("agentrl_ray.envs.builtin.calculator:CalculatorEnv") is CalculatorEnv
+
+
+@pytest.fixture(scope="module")
+def served_guess():
+    """GuessEnv served as OpenEnv serves it (`create_fastapi_app` under uvicorn) on a loopback port."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+    import openenv_envs
+    import uvicorn
+    from openenv.core.env_server.http_server import create_fastapi_app
+
+    app = create_fastapi_app(openenv_envs.GuessEnv, openenv_envs.GuessAction, openenv_envs.GuessObservation)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield url
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_served_openenv_app_plays_through_the_loop_over_its_websocket_client(tok, served_guess, isolation):
+    """The same game, served: one session of OpenEnv's GenericEnvClient per trajectory; the action's field from the
+    server's /schema; the hints the user turns, the reward the server's."""
+    import openenv_envs
+
+    row = {"id": "s5", "prompt": "Play.", "seed": 5}
+    target = openenv_envs.GuessEnv()
+    target.reset(seed=5)
+    guesses, lo, hi = [], 1, 10
+    while not guesses or int(guesses[-1]) != target.target:
+        guesses.append(str((lo + hi) // 2))
+        lo, hi = (int(guesses[-1]) + 1, hi) if int(guesses[-1]) < target.target else (lo, int(guesses[-1]) - 1)
+    turns = ["no idea<|im_end|>"] + [g + "<|im_end|>" for g in guesses]  # a first turn that is not a number
+    cfg = RolloutConfig(max_turns=8, max_tokens_per_turn=16, max_total_tokens=600)
+    served = "agentrl_ray.envs.adapters.openenv:OpenEnvServer"
+    prompt, ep, reward = run_turn_based(
+        tok, turns, cfg, served, row, isolation, PROMPT_TEXT, env_kwargs={"url": served_guess}
+    )
+    assert ep.finish_reason == "done" and reward == 1.0
+    hints = [m["content"] for m in ep.messages if m["role"] == "user"]
+    assert hints[0] == "not a number" and set(hints[1:]) <= {"higher", "lower"} and len(hints) == len(guesses)
+
+
+def test_a_served_action_that_does_not_match_its_schema_is_an_observation():
+    from agentrl_ray.envs.adapters.openenv import schema_action
+
+    schema = {
+        "type": "object",
+        "properties": {"row": {"type": "integer", "maximum": 2}, "col": {"type": "integer"}, "metadata": {}},
+        "required": ["row", "col"],
+    }
+    assert schema_action(schema, '{"row": 1, "col": 2}') == ({"row": 1, "col": 2}, "")
+    for text, says in (("1 2", "must be a JSON object"), ('{"row": 5, "col": 0}', "does not validate")):
+        action, error = schema_action(schema, text)
+        assert action is None and says in error

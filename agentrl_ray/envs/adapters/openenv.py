@@ -20,8 +20,17 @@ makes a class of our contract (`envs.base`) around it, one OpenEnv instance per 
   appended to the prompt. An observation as text: its fields other than `done`, `reward` and `metadata` (its
   `metadata` where it has no other), the one string among them as it is, else all of them as JSON.
 
-A served OpenEnv app (its `create_app(...)` on a port, driven through its WebSocket `EnvClient`) is the same
-environment one process away: run it in process here, where it gets our per-trajectory isolation and deadlines.
+**A served app** (`create_app(...)` / `create_fastapi_app(...)` on a port, in a container, on a Space) is reached
+through OpenEnv's own `GenericEnvClient`, one WebSocket session per trajectory, with no package of the environment's
+installed here:
+
+    env:
+      name: agentrl_ray.envs.adapters.openenv:OpenEnvServer
+      kwargs: {url: "http://127.0.0.1:8000"}
+
+It is turn-based as above; the action's fields come from the server's `/schema` (read once per process), and an
+action read from JSON is checked against that schema before it is sent (an error observation otherwise). The
+server's environment runs in the server's processes: our isolation covers the client side only.
 """
 
 from __future__ import annotations
@@ -193,11 +202,89 @@ def text_action(action_class: type, text: str) -> tuple[Any, str]:
 
 
 def observation_text(observation: Any) -> str:
-    fields = {k: v for k, v in observation.model_dump().items() if k not in BASE_FIELDS}
-    fields = fields or dict(observation.metadata or {})
+    return fields_text(observation.model_dump())
+
+
+def fields_text(observation: dict[str, Any]) -> str:
+    """An observation's fields as text: its own (else its metadata), the one string among them as it is, else JSON."""
+    fields = {k: v for k, v in observation.items() if k not in BASE_FIELDS} or dict(observation.get("metadata") or {})
     if len(fields) == 1 and isinstance(next(iter(fields.values())), str):
         return next(iter(fields.values()))
     return _text(fields) if fields else ""
+
+
+# ---------------------------------------------------------------------------------------------------- a served app
+
+
+@functools.cache
+def _action_schema(url: str) -> dict[str, Any]:
+    import httpx
+
+    response = httpx.get(f"{url.rstrip('/')}/schema", timeout=30)
+    response.raise_for_status()
+    return response.json()["action"]
+
+
+class OpenEnvServer:
+    """A served OpenEnv environment, turn-based, one WebSocket session per trajectory (see the module's docstring)."""
+
+    def __init__(self, url: str) -> None:
+        try:
+            from openenv.core.generic_client import GenericEnvClient
+        except ModuleNotFoundError:
+            raise ModuleNotFoundError(f"OpenEnvServer needs the openenv package: {INSTALL}") from None
+        self._client_class = GenericEnvClient
+        self.url = url
+        self.schema = _action_schema(url)
+        self._client: Any = None
+        self._done = False
+
+    def reset(self, **row: Any) -> str | None:
+        self.close()
+        self._client = self._client_class(base_url=self.url).sync()
+        seed = row.get("seed")
+        if seed is None:
+            seed = zlib.crc32(str(row.get("id", "")).encode())
+        result = self._client.reset(seed=int(seed), episode_id=str(row.get("id", "")) or None)
+        self._done = bool(result.done)
+        return fields_text(result.observation or {}) or None
+
+    def step(self, text: str) -> tuple[str | None, float, bool]:
+        if self._client is None:
+            raise RuntimeError("step before reset")
+        action, error = schema_action(self.schema, text)
+        if action is None:
+            return error, 0.0, False
+        result = self._client.step(action)
+        self._done = bool(result.done)
+        return (None if self._done else fields_text(result.observation or {})), float(result.reward or 0.0), self._done
+
+    def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            client.close()
+
+
+def schema_action(schema: dict[str, Any], text: str) -> tuple[dict[str, Any] | None, str]:
+    """`text_action` for an action known by its JSON schema: the dict to send, or (None, what is wrong)."""
+    from agentrl_ray.envs.adapters.mcp_tools import check_arguments
+
+    properties = schema.get("properties") or {}
+    required = [n for n in schema.get("required") or [] if n not in BASE_FIELDS]
+    if len(required) == 1 and (properties.get(required[0]) or {}).get("type") == "string":
+        return {required[0]: text}, ""
+    body = text.strip().removeprefix("```json").removeprefix("```").removesuffix("```").strip()
+    try:
+        fields = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        return None, f"Error: the action must be a JSON object with the fields {required} ({e})"
+    if not isinstance(fields, dict):
+        return None, f"Error: the action must be a JSON object with the fields {required}"
+    try:
+        check_arguments(fields, schema)
+    except ValueError as e:
+        return None, f"Error: the action does not validate: {e}"
+    return fields, ""
 
 
 def _text(value: Any) -> str:
