@@ -101,6 +101,8 @@ class RolloutWorker:
         # weights and the probe take the engine between two batched calls (rollout/turn_scheduler.py).
         self.scheduler = TurnScheduler(self.engine, lambda: self.weights.version) if modes.stream else None
         self._loaded: tuple | None = None  # the stream pipeline's last loaded update (`_receive_once`)
+        self._unreported_load_s = 0.0  # weight loads not yet in a rollout's timings (`_load`)
+        self._active_calls = 0  # rollout calls running now (`active_calls`)
         startup.mark("engine", "engine loaded")
 
     # ---------------------------------------------------------------- rollouts
@@ -117,15 +119,19 @@ class RolloutWorker:
         """Sample `group_size` trajectories for each row; returns the groups and timing/env stats. `weights`
         (the sender's pending update) are loaded first. `redo`: this call repeats one whose work was lost
         (rollout/recovery.py); environments it left open under the same keys are closed first."""
-        if self.scheduler is not None:  # many calls at once, their turns batched by the scheduler (no sleep mode)
-            return await self._rollout(rows, group_size, temperature, seed, weights, redo)
-        async with self._one_rollout:
-            try:
+        self._active_calls += 1
+        try:
+            if self.scheduler is not None:  # many calls at once, their turns batched by the scheduler (no sleep)
                 return await self._rollout(rows, group_size, temperature, seed, weights, redo)
-            finally:
-                # A learner rank shares the GPU (engine_modes): free it for the step; the next use wakes the engine.
-                self.engine.sleep()
-                release_freed_memory()  # the decode steps' logits, kept mapped during the call (allocator.py)
+            async with self._one_rollout:
+                try:
+                    return await self._rollout(rows, group_size, temperature, seed, weights, redo)
+                finally:
+                    # A learner rank shares the GPU (engine_modes): free it for the step; the next use wakes it.
+                    self.engine.sleep()
+                    release_freed_memory()  # the decode steps' logits, kept mapped during the call (allocator.py)
+        finally:
+            self._active_calls -= 1
 
     async def _rollout(
         self,
@@ -140,7 +146,9 @@ class RolloutWorker:
         timings = RolloutTimings()
         if weights is not None:
             await self.receive_weights(weights)
-            timings.load_weights_s = time.perf_counter() - t_start
+        # Every load since the last call's report, here or between calls (the integrity probe's, the stream
+        # pipeline's in-flight ones): each is reported once, with the next rollout's timings.
+        timings.load_weights_s, self._unreported_load_s = self._unreported_load_s, 0.0
         if self.agents is not None:
             return await self._agent_rollout(rows, group_size, temperature, seed, timings, t_start)
         episodes = await self._start_episodes(rows, group_size, seed, redo)
@@ -289,6 +297,10 @@ class RolloutWorker:
         """This actor's process id: a restart changes it (rollout/recovery.py); chaos tests kill it."""
         return os.getpid()
 
+    def active_calls(self) -> int:
+        """Rollout calls running on this worker now (chaos tests kill it while some are)."""
+        return self._active_calls
+
     def kv_cache_tokens(self) -> int:
         """Tokens of context the engine's KV cache holds, as its backend allocated it."""
         return self.engine.kv_cache_tokens()
@@ -297,14 +309,21 @@ class RolloutWorker:
         if self.scheduler is not None:  # between two batched engine calls: a turn boundary of every episode
             async with self.scheduler.exclusive():
                 return await self._receive_once(update)
-        return await self.weights.receive(update)
+        return await self._load(update)
+
+    async def _load(self, update: WeightUpdate) -> int:
+        t = time.perf_counter()
+        try:
+            return await self.weights.receive(update)
+        finally:
+            self._unreported_load_s += time.perf_counter() - t
 
     async def _receive_once(self, update: WeightUpdate) -> int:
         """The stream pipeline sends each update to every engine as soon as it is pushed, and again with the calls
         that must see it (an evaluation, the probe: Ray does not order an async actor's calls): loaded once."""
         key = (update.version, update.payload.hex() if hasattr(update.payload, "hex") else id(update))
         if key != self._loaded:
-            await self.weights.receive(update)
+            await self._load(update)
             self._loaded = key
         return self.weights.version
 
@@ -328,7 +347,7 @@ class RolloutWorker:
                 if weights is not None and self.scheduler is not None:
                     await self._receive_once(weights)
                 elif weights is not None:
-                    await self.weights.receive(weights)
+                    await self._load(weights)
                 return self.engine.score(sequences)
             finally:
                 self.engine.sleep()
