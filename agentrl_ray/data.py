@@ -9,6 +9,7 @@ row fails before training starts (with its index), never halfway through a run.
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,7 @@ def load_rows(spec: str, cfg: DataConfig, *, split: str, size: int) -> list[dict
         from agentrl_ray.tasks.longtail import make_longtail_rows
 
         rows = make_longtail_rows(size, cfg.seed, split)
-    elif spec.startswith("verifiers:"):  # a verifiers environment's own dataset (envs/adapters/verifiers.py)
-        from agentrl_ray.envs.adapters.verifiers import rows as verifiers_rows
-
+    elif spec.startswith(VERIFIERS_PREFIX):  # a verifiers environment's own dataset (envs/adapters/verifiers.py)
         rows = verifiers_rows(spec, split)[:size]
     elif spec == "builtin:grid":
         from agentrl_ray.tasks.grid import make_grid_rows
@@ -35,6 +34,32 @@ def load_rows(spec: str, cfg: DataConfig, *, split: str, size: int) -> list[dict
     else:
         rows = _load_file_or_dataset(spec, split)[:size]
     return [_check_row(row, i, spec, cfg.prompt_column) for i, row in enumerate(rows)]
+
+
+VERIFIERS_PREFIX = "verifiers:"
+VERIFIERS_ENV_COLUMN = "verifiers_env"  # the column naming a row's environment loader (envs/adapters/verifiers.py)
+
+
+def verifiers_rows(spec: str, split: str) -> list[dict[str, Any]]:
+    """A data source `verifiers:pkg.mod:fn`: `fn()` (a verifiers environment's `load_environment`) and its dataset's
+    rows (its eval dataset for `split` eval; verifiers falls back to the train set), each naming its loader."""
+    loader = spec.removeprefix(VERIFIERS_PREFIX)
+    module_name, sep, name = loader.partition(":")
+    if not sep or not module_name or not name:
+        raise ConfigError(f"dataset {spec!r}: name the environment's loader, verifiers:package.module:function")
+    try:
+        fn = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"dataset {spec!r}: cannot load {loader!r} ({e})") from e
+    env = fn()
+    dataset = env.get_eval_dataset() if split == "eval" else env.get_dataset()
+    rows = []
+    for i, row in enumerate(dataset):
+        row = dict(row)
+        row.setdefault("id", f"{split}-{row.get('example_id', i)}")
+        row[VERIFIERS_ENV_COLUMN] = loader
+        rows.append(row)
+    return rows
 
 
 def _load_file_or_dataset(spec: str, split: str) -> list[dict[str, Any]]:

@@ -17,10 +17,10 @@ contained at `env.isolation`. Then its rubric scores the state: the weighted sum
 function's value a reward part (`agent/<name>`; `agent/vf_error` is 1 where verifiers stopped the rollout with an
 error, e.g. an empty answer: scored on what it did, as verifiers scores it).
 
-- **Rows.** `verifiers:pkg.mod:fn` as a data source calls `fn()` (the environment's `load_environment`) and takes
-  its dataset (train) or eval dataset (eval; verifiers falls back to the train set); each row keeps its columns
-  (`prompt` as messages, `answer`, `info`, `task`, `example_id`) and names its environment (`verifiers_env`), which
-  `run` loads once per process.
+- **Rows.** `verifiers:pkg.mod:fn` as a data source (`data.verifiers_rows`) calls `fn()` (the environment's
+  `load_environment`) and takes its dataset (train) or eval dataset (eval; verifiers falls back to the train set);
+  each row keeps its columns (`prompt` as messages, `answer`, `info`, `task`, `example_id`) and names its environment
+  (`verifiers_env`), which `run` loads once per process.
 - **Sampling.** The environment's `sampling_args` are passed on; our endpoint then caps `max_tokens` by
   `rollout.max_tokens_per_turn`, and `rollout.max_turns` bounds the calls.
 - Only the classic API: the v1 tasksets (0.4.0) need `openai<3` against our openai-agents pin (docs/environments.md).
@@ -31,10 +31,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from agentrl_ray.data import VERIFIERS_ENV_COLUMN
 from agentrl_ray.envs.loading import import_object
 
-PREFIX = "verifiers:"
-ENV_COLUMN = "verifiers_env"
 INSTALL = (
     "pip install --no-deps verifiers==0.3.1 plus the packages make install names (its declared pins conflict with "
     "ours: mcp<2 against vLLM CPU's mcp>=2)"
@@ -51,25 +50,11 @@ def load(spec: str) -> Any:
     return import_object(spec, "verifiers environment loader")()
 
 
-def rows(spec: str, split: str) -> list[dict[str, Any]]:
-    """A data source `verifiers:pkg.mod:fn`: the environment's dataset rows (its eval dataset for `split` eval)."""
-    loader = spec.removeprefix(PREFIX)
-    env = load(loader)
-    dataset = env.get_eval_dataset() if split == "eval" else env.get_dataset()
-    out = []
-    for i, row in enumerate(dataset):
-        row = dict(row)
-        row.setdefault("id", f"{split}-{row.get('example_id', i)}")
-        row[ENV_COLUMN] = loader
-        out.append(row)
-    return out
-
-
 async def run(client: Any, row: dict[str, Any]) -> dict[str, Any]:
     """One trajectory: the environment's own rollout through our endpoint, scored by its rubric."""
     from verifiers.legacy.clients.openai_chat_completions_client import OpenAIChatCompletionsClient
 
-    env = load(row[ENV_COLUMN])
+    env = load(row[VERIFIERS_ENV_COLUMN])
     example = {"prompt": row["prompt"], "example_id": row.get("example_id", 0)}
     example.update({k: row[k] for k in ("answer", "info", "task") if row.get(k) is not None})
     state = await env.rollout(example, OpenAIChatCompletionsClient(client), "policy", dict(env.sampling_args or {}))
