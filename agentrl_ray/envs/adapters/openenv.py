@@ -188,6 +188,17 @@ def text_action(action_class: type, text: str) -> tuple[Any, str]:
     required = [n for n, f in action_class.model_fields.items() if f.is_required() and n not in BASE_FIELDS]
     if len(required) == 1 and action_class.model_fields[required[0]].annotation is str:
         return action_class(**{required[0]: text}), ""
+    fields, error = _json_fields(text, required)
+    if fields is None:
+        return None, error
+    try:
+        return action_class.model_validate(fields), ""
+    except ValidationError as e:
+        return None, f"Error: the action does not validate: {e}"
+
+
+def _json_fields(text: str, required: list[str]) -> tuple[dict[str, Any] | None, str]:
+    """The JSON object a turn spells (a ```json fence allowed), or (None, what is wrong with it)."""
     body = text.strip().removeprefix("```json").removeprefix("```").removesuffix("```").strip()
     try:
         fields = json.loads(body)
@@ -195,10 +206,7 @@ def text_action(action_class: type, text: str) -> tuple[Any, str]:
         return None, f"Error: the action must be a JSON object with the fields {required} ({e})"
     if not isinstance(fields, dict):
         return None, f"Error: the action must be a JSON object with the fields {required}"
-    try:
-        return action_class.model_validate(fields), ""
-    except ValidationError as e:
-        return None, f"Error: the action does not validate: {e}"
+    return fields, ""
 
 
 def observation_text(observation: Any) -> str:
@@ -273,13 +281,9 @@ def schema_action(schema: dict[str, Any], text: str) -> tuple[dict[str, Any] | N
     required = [n for n in schema.get("required") or [] if n not in BASE_FIELDS]
     if len(required) == 1 and (properties.get(required[0]) or {}).get("type") == "string":
         return {required[0]: text}, ""
-    body = text.strip().removeprefix("```json").removeprefix("```").removesuffix("```").strip()
-    try:
-        fields = json.loads(body)
-    except (ValueError, RecursionError) as e:
-        return None, f"Error: the action must be a JSON object with the fields {required} ({e})"
-    if not isinstance(fields, dict):
-        return None, f"Error: the action must be a JSON object with the fields {required}"
+    fields, error = _json_fields(text, required)
+    if fields is None:
+        return None, error
     try:
         check_arguments(fields, schema)
     except ValueError as e:
