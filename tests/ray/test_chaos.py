@@ -179,35 +179,6 @@ def _crash_after_checkpoint(out, name, last=STEPS - 1):
         f.write('{"step": 9, "rew')
 
 
-def _resume(out, name, extra=()):
-    cfg = load_config(None, [*SMALL, *extra, f"run.output_dir={out}", f"run.name={name}", "run.resume=true"])
-    train(cfg)
-    records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
-    return _final_weights(cfg.run_dir), records
-
-
-@pytest.mark.long
-def test_on_policy_resume_after_a_crash_is_bit_identical(reference):
-    out = reference[2]
-    _crash_after_checkpoint(out, "reference")  # the reference's own run dir: its weights are already in memory
-    weights, records = _resume(out, "reference")
-    _check_same_run(reference, weights, records, "on-policy resume from checkpoint 2")
-
-
-@pytest.mark.long
-def test_overlapped_resume_after_a_crash_is_bit_identical(local_ray, builtin_model_path, tmp_path):
-    """Overlapped, step 3's batch was sampled by version 2 while step 2 trained; the checkpoint of step 2 carries it
-    (learner/resume_state.py), where a re-sample would use version 3 and give another run."""
-    overlapped = ["sync.max_staleness=1"]
-    cfg = load_config(None, [*SMALL, *overlapped, f"run.output_dir={tmp_path}", "run.name=overlapped"])
-    train(cfg)
-    uninterrupted = _final_weights(cfg.run_dir)
-    first = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
-    _crash_after_checkpoint(tmp_path, "overlapped")
-    weights, records = _resume(tmp_path, "overlapped", overlapped)
-    _check_same_run((uninterrupted, first), weights, records, "overlapped resume from checkpoint 2")
-
-
 def _learner_pids():
     """This test's Ray Train worker processes (Ray titles an actor's process `ray::<class>...`): only descendants of
     this process, which started the local Ray (never another run's on a shared machine)."""
@@ -322,11 +293,21 @@ def _freeze_then_kill(driver, marker: str) -> None:
             pass
 
 
+def _committed(run_dir, checkpoint: str) -> bool:
+    """Ray Train's snapshot names `checkpoint` as its latest (a checkpoint not yet in it was never committed)."""
+    try:
+        snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+        return snapshot["latest_checkpoint_result"]["checkpoint_dir_name"] == checkpoint
+    except (OSError, ValueError, KeyError, TypeError):  # not there yet, or caught mid-write
+        return False
+
+
 @pytest.mark.long
 def test_a_killed_driver_process_resumes_bit_identical(reference, tmp_path):
-    """The real thing the resume tests above recreate on disk: `agentrl-ray train` as its own process is SIGKILLed
-    with everything it started once checkpoint 1 is on disk (steps 2 and 3 under way or not begun), and
-    `run.resume=true` in a new process then ends with the uninterrupted run's weights."""
+    """`agentrl-ray train` as its own process is SIGKILLed with everything it started once checkpoint 2 is committed
+    (step 3 under way or not begun); what a kill while writing it would leave is then made on disk: checkpoint 2's
+    weights cut short and metrics.jsonl ending in half a line. `run.resume=true` in a new process moves checkpoint 2
+    aside, resumes from checkpoint 1 and ends with the uninterrupted run's weights."""
     import subprocess
     import sys
 
@@ -340,7 +321,7 @@ def test_a_killed_driver_process_resumes_bit_identical(reference, tmp_path):
         cli, env={**env, _RUN_MARKER: marker}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     try:
-        while not (run_dir / "checkpoint_000001" / "trainer_state.pt").exists():
+        while not _committed(run_dir, "checkpoint_000002"):
             assert driver.poll() is None, log_path.read_text()[-3000:]
             time.sleep(0.02)
         _freeze_then_kill(driver, marker)
@@ -357,10 +338,12 @@ def test_a_killed_driver_process_resumes_bit_identical(reference, tmp_path):
     done_before = sorted(p.name for p in run_dir.glob("checkpoint_*"))
     print(f"driver SIGKILL: checkpoints on disk when it died: {done_before}")
     assert f"checkpoint_{STEPS:06d}" not in done_before, "the run ended before the kill: nothing to resume"
+    _crash_after_checkpoint(tmp_path, "driver", last=1)
     # --verbose: everything on the console (infra/console.py), Ray's and the resume's own lines included.
     done = subprocess.run([*cli, "run.resume=true", "--verbose"], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "Started a local Ray instance" in done.stderr and "log.txt" not in done.stdout
     print("\n".join(line for line in done.stderr.splitlines() if "agentrl_ray.run.resume" in line))  # what resume did
+    assert len(list(run_dir.glob("checkpoint_000002.corrupt-*"))) == 1  # the torn checkpoint, moved aside
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     _check_same_run(reference, _final_weights(run_dir), records, "driver SIGKILL, then run.resume=true")

@@ -44,6 +44,9 @@ def test_bfcl_trains_the_real_model_one_step_and_evaluates_per_category(fresh_co
             "examples/bfcl/config.yaml",
             *SMALL,
             "data.eval_size=6",
+            # Untrained, the model writes to the turn's budget: 48 tokens a turn instead of 256 (the mechanics under
+            # test are the same; the rollout and the evaluation take a fifth of the time).
+            "rollout.max_tokens_per_turn=48",
             "run.output_dir=runs",
             "run.save_rollouts=1",
         ],
@@ -78,6 +81,7 @@ def test_bfcl_multi_turn_trains_the_real_model_one_step(fresh_copy, smollm2_path
             "rollout.prompts_per_step=1",
             "rollout.group_size=2",
             "rollout.max_turns=4",
+            "rollout.max_tokens_per_turn=48",
             f"data.train={data}/train_math.jsonl",
             "data.train_size=19",
             f"data.eval={data}/eval_math.jsonl",
