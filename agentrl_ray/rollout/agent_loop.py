@@ -5,7 +5,7 @@ the engine sees the whole batch), then each talks to its own environment instanc
 pipeline's `run_episodes_streaming` drops that turn barrier: each episode at its own pace, `turn_scheduler.py`):
 - a tool environment runs the turn's tool calls; the tokenized tool results are appended with role tags;
 - a turn-based environment (one with `step`, see `envs.base`) gets the whole assistant turn through `call_turn`;
-  its observation is appended as the next user message (`chat_format.user_turn_segments`).
+  its observation is appended as the next user message (`ToolFormat.user_turn_segments`).
 The conversation is never re-tokenized: the learner trains on exactly the ids the engine sampled, and the rollout
 logprobs line up with them one to one. Each engine call is recorded as a `continuity.Turn` (the prompt it was given,
 what it sampled), which the worker checks against the assembled trajectory (`rollout/continuity.py`).
@@ -28,19 +28,13 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl_ray.chat_format import (
-    Segment,
-    encode_segments,
-    observation_segments,
-    parse_tool_calls,
-    tool_response_segments,
-    user_turn_segments,
-)
+from agentrl_ray.chat_format import Segment, encode_segments
 from agentrl_ray.config import RolloutConfig
 from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.messages import assistant_message, tool_messages
 from agentrl_ray.rollout.continuity import Turn
 from agentrl_ray.rollout.engine import Engine
+from agentrl_ray.rollout.tool_format import HERMES, ToolFormat
 from agentrl_ray.rollout.turn_scheduler import TurnScheduler
 from agentrl_ray.types import RolloutTimings, TokenRole
 
@@ -92,9 +86,11 @@ async def run_episodes(
     timings: RolloutTimings,
     turn_based: bool = False,
     version: int = -1,
+    fmt: ToolFormat = HERMES,
 ) -> None:
     """Run every episode to its end, in place. `turn_based`: the environments define `step` instead of tools;
-    `version`: the weights version the engine holds (recorded with each turn)."""
+    `version`: the weights version the engine holds (recorded with each turn); `fmt`: the model's tool-call
+    format (`rollout/tool_format.py`)."""
     for turn in range(cfg.max_turns):
         live = [e for e in episodes if not e.done]
         if not live:
@@ -113,17 +109,17 @@ async def run_episodes(
         timings.generate_s += time.perf_counter() - t0
 
         last_turn = turn == cfg.max_turns - 1
-        pending = [
-            (ep, request)
-            for ep, prompt, gen in zip(live, prompts, gens)
-            if (request := _take_turn(ep, prompt, gen, version, turn, last_turn, tokenizer, turn_based)) is not None
+        taken = [
+            _take_turn(ep, p, g, version, turn, last_turn, tokenizer, turn_based, fmt)
+            for ep, p, g in zip(live, prompts, gens)
         ]
+        pending = [(ep, request) for ep, request in zip(live, taken) if request is not None]
         t0 = time.perf_counter()
         requests = [request for _, request in pending]
         results = await (envs.call_turns(requests) if turn_based else envs.call_tools(requests))
         timings.env_s += time.perf_counter() - t0
         for (ep, _), result in zip(pending, results):
-            _after_env(ep, result, last_turn, tokenizer, cfg, turn_based)
+            _after_env(ep, result, last_turn, tokenizer, cfg, turn_based, fmt)
     for ep in episodes:
         if not ep.done:
             ep.finish_reason = "max_turns"
@@ -141,6 +137,7 @@ async def run_episodes_streaming(
     stop_token_ids: list[int],
     timings: RolloutTimings,
     turn_based: bool = False,
+    fmt: ToolFormat = HERMES,
 ) -> None:
     """`run_episodes` without the turn barrier (the streaming pipeline): each episode goes at its own pace, its
     turns batched by `scheduler` with whatever other episodes (of this call or others) wait for the engine then.
@@ -162,12 +159,12 @@ async def run_episodes_streaming(
             )
             t1 = time.perf_counter()
             timings.generate_s += (t1 - t0) / len(episodes)
-            request = _take_turn(ep, prompt, gen, version, turn, last_turn, tokenizer, turn_based)
+            request = _take_turn(ep, prompt, gen, version, turn, last_turn, tokenizer, turn_based, fmt)
             if request is None:
                 break
             results = await (envs.call_turns([request]) if turn_based else envs.call_tools([request]))
             timings.env_s += (time.perf_counter() - t1) / len(episodes)
-            _after_env(ep, results[0], last_turn, tokenizer, cfg, turn_based)
+            _after_env(ep, results[0], last_turn, tokenizer, cfg, turn_based, fmt)
             if ep.done:
                 break
         if not ep.done:
@@ -181,7 +178,15 @@ def _turn_seed(seed: int, ep: Episode, turn: int) -> int:
 
 
 def _take_turn(
-    ep: Episode, prompt: list[int], gen, version: int, turn: int, last_turn: bool, tokenizer, turn_based: bool
+    ep: Episode,
+    prompt: list[int],
+    gen,
+    version: int,
+    turn: int,
+    last_turn: bool,
+    tokenizer,
+    turn_based: bool,
+    fmt: ToolFormat,
 ) -> tuple | None:
     """Append one generated turn to `ep`; returns its request to the environment, or None (and a finish reason)."""
     ep.turns.append(Turn(prompt, list(gen.token_ids), list(gen.logprobs), version))
@@ -191,7 +196,7 @@ def _take_turn(
     if turn_based:
         ep.messages.append({"role": "assistant", "content": text})
     else:
-        ep.messages.append(assistant_message(text, parse_tool_calls(text), turn))
+        ep.messages.append(assistant_message(text, fmt.parse(text), turn))
     if gen.finish_reason == "length":
         ep.finish_reason = "length"
         return None
@@ -199,19 +204,21 @@ def _take_turn(
         # Even on the last turn: the environment scores every reply, the last one included.
         ep.num_steps += 1
         return (ep.key, text)
-    return _tool_request(ep, text, last_turn)
+    return _tool_request(ep, text, last_turn, fmt)
 
 
-def _after_env(ep: Episode, result, last_turn: bool, tokenizer, cfg: RolloutConfig, turn_based: bool) -> None:
+def _after_env(
+    ep: Episode, result, last_turn: bool, tokenizer, cfg: RolloutConfig, turn_based: bool, fmt: ToolFormat
+) -> None:
     if turn_based:
-        _after_step(ep, result, last_turn, tokenizer, cfg)
+        _after_step(ep, result, last_turn, tokenizer, cfg, fmt)
     else:
-        _after_tools(ep, result, tokenizer, cfg)
+        _after_tools(ep, result, tokenizer, cfg, fmt)
 
 
-def _tool_request(ep: Episode, text: str, last_turn: bool) -> tuple | None:
+def _tool_request(ep: Episode, text: str, last_turn: bool, fmt: ToolFormat) -> tuple | None:
     """This turn's request to `EnvClient.call_tools`; None (and a finish reason) when there is none."""
-    parsed = parse_tool_calls(text)
+    parsed = fmt.parse(text)
     if not parsed.calls and not parsed.errors:
         ep.finish_reason = "answer"
         return None
@@ -222,13 +229,15 @@ def _tool_request(ep: Episode, text: str, last_turn: bool) -> tuple | None:
     return (ep.key, parsed.calls, parsed.errors)
 
 
-def _after_tools(ep: Episode, tool_results: list, tokenizer, cfg: RolloutConfig) -> None:
+def _after_tools(ep: Episode, tool_results: list, tokenizer, cfg: RolloutConfig, fmt: ToolFormat) -> None:
     ep.num_tool_errors += sum(r.error for r in tool_results)
-    ep.messages.extend(tool_messages(ep.messages[-1], [r.text for r in tool_results]))
-    _append_segments(ep, tool_response_segments([r.text for r in tool_results]), tokenizer, cfg)
+    texts, assistant = [r.text for r in tool_results], ep.messages[-1]
+    ep.messages.extend(tool_messages(assistant, texts))
+    names = [c["function"]["name"] for c in assistant.get("tool_calls") or []]
+    _append_segments(ep, fmt.tool_response_segments(texts, names), tokenizer, cfg)
 
 
-def _after_step(ep: Episode, result, last_turn: bool, tokenizer, cfg: RolloutConfig) -> None:
+def _after_step(ep: Episode, result, last_turn: bool, tokenizer, cfg: RolloutConfig, fmt: ToolFormat) -> None:
     """Apply a turn-based environment's answer (`envs.host.TurnResult`) to the episode."""
     if result.error:
         # The host ended the episode (the env's state is unknown after a failed step). The error text has no place
@@ -244,9 +253,9 @@ def _after_step(ep: Episode, result, last_turn: bool, tokenizer, cfg: RolloutCon
         ep.finish_reason = "max_turns"
         return
     if isinstance(result.observation, list):  # tool results, then perhaps the next user message (envs.base)
-        if _append_segments(ep, observation_segments(result.observation), tokenizer, cfg):
+        if _append_segments(ep, fmt.observation_segments(result.observation), tokenizer, cfg):
             text, turn = ep.messages[-1]["content"], sum(m["role"] == "assistant" for m in ep.messages) - 1
-            assistant = assistant_message(text, parse_tool_calls(text), turn)
+            assistant = assistant_message(text, fmt.parse(text), turn)
             tools = [m["content"] for m in result.observation if m["role"] == "tool"]
             if tools:  # the turn's calls, structured, so that each result answers its call
                 ep.messages[-1] = assistant
@@ -254,7 +263,7 @@ def _after_step(ep: Episode, result, last_turn: bool, tokenizer, cfg: RolloutCon
             ep.messages.extend(m for m in result.observation if m["role"] == "user")
         return
     observation = result.observation or ""  # None: the environment has nothing to say; the user turn is empty
-    if _append_segments(ep, user_turn_segments(observation), tokenizer, cfg):
+    if _append_segments(ep, fmt.user_turn_segments(observation), tokenizer, cfg):
         # Only once its tokens are in: the completion's last message stays the assistant's (what rewards judge).
         ep.messages.append({"role": "user", "content": observation})
 

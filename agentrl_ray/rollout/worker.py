@@ -30,6 +30,7 @@ from agentrl_ray.rollout.agent_loop import Episode, run_episodes, run_episodes_s
 from agentrl_ray.rollout.backends import make_engine
 from agentrl_ray.rollout.continuity import continuity_break, token_versions
 from agentrl_ray.rollout.engine_modes import EngineModes
+from agentrl_ray.rollout.tool_format import tool_format
 from agentrl_ray.rollout.turn_scheduler import TurnScheduler
 from agentrl_ray.sync.collective import CollectiveBackend
 from agentrl_ray.sync.receiver import WeightReceiver
@@ -73,6 +74,7 @@ class RolloutWorker:
         self.tools = tool_schemas(env_class)
         # Decided once from the class: a turn-based environment (it defines step) talks in user turns, not tools.
         self.turn_based = callable(getattr(env_class, "step", None))
+        self.tool_format = tool_format(self.tokenizer, cfg.tool_format)
         self.reward_funcs = load_reward_functions(reward_cfg.functions)
         startup.mark("engine", "tokenizer, env and rewards loaded")
         self.engine = make_engine(
@@ -159,6 +161,7 @@ class RolloutWorker:
                 stop_token_ids=[self.tokenizer.eos_token_id],
                 timings=timings,
                 turn_based=self.turn_based,
+                fmt=self.tool_format,
             )
             if self.scheduler is not None:
                 await run_episodes_streaming(episodes, self.scheduler, self.envs, self.tokenizer, self.cfg, **loop_args)

@@ -31,6 +31,7 @@ from agentrl_ray.chat_format import (
 from agentrl_ray.envs.builtin.code_exec import final_code
 from agentrl_ray.rewards.builtin import count_tool_calls, final_answer_text
 from agentrl_ray.rollout.endpoint.server import stop_prefix_len
+from agentrl_ray.rollout.tool_format import parse_llama3_json, parse_qwen3_xml
 
 KB, MB = 100_000, 1_000_000
 NOISE_S = 0.3e-3
@@ -90,6 +91,27 @@ CASES = [
     ("answer number, 1,000 groups", extract_final_answer, lambda n: _fill("1,000", n), NUMBER_MS),
     ("answer number, - . flood", extract_final_answer, lambda n: _fill("-.", n), NUMBER_MS),
     ("answer number, 1 1 1", extract_final_answer, lambda n: _fill("1 ", n), NUMBER_MS),
+    ("llama3: repeated call openings", parse_llama3_json, lambda n: _fill('{"name":', n), LINEAR_MS),
+    ("llama3: one call, deep JSON", parse_llama3_json, _closed('{"name": "f", "parameters": ', "[", "}"), LINEAR_MS),
+    (
+        "llama3: many calls",
+        parse_llama3_json,
+        lambda n: _fill('{"name": "f", "parameters": {}}; ', n),
+        CALL_MS,
+    ),
+    ("qwen3 xml: repeated <tool_call>", parse_qwen3_xml, lambda n: _fill(TOOL_CALL_OPEN, n), LINEAR_MS),
+    (
+        "qwen3 xml: unclosed parameters",
+        parse_qwen3_xml,
+        _closed(TOOL_CALL_OPEN + "<function=f>", "<parameter=x>1", "</function>" + TOOL_CALL_CLOSE),
+        LINEAR_MS,
+    ),
+    (
+        "qwen3 xml: many parameters",
+        parse_qwen3_xml,
+        _closed(TOOL_CALL_OPEN + "<function=f>", "<parameter=x>\n1\n</parameter>", "</function>" + TOOL_CALL_CLOSE),
+        CALL_MS,
+    ),
     ("code block, repeated fences", final_code, lambda n: _fill("```python\n", n), LINEAR_MS),
     ("code block, unclosed", final_code, _closed("```python\n", "x = 1\n", ""), LINEAR_MS),
     ("code block, fence with spaces", final_code, lambda n: _fill("```py" + " " * 50, n), LINEAR_MS),

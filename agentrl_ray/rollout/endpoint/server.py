@@ -14,7 +14,7 @@ evaluation decodes as configured), `top_p`, `max_tokens` / `max_completion_token
 cut after the first token whose text reaches one; those ids are what is trained), `logprobs`, `stream` (the whole
 reply as one chunk, then the finish chunk: cheap, since the engine does not stream), and vLLM's `return_token_ids`
 (the prompt ids and each choice's sampled ids in the answer). `seed` is ignored: seeds come from the run's.
-Tool calls come back in OpenAI's form, parsed from the hermes markup by `chat_format.parse_tool_calls`.
+Tool calls come back in OpenAI's form, parsed from the model's own markup (`rollout.tool_format`, hermes by default).
 Refused with OpenAI-style errors: an unknown key (401), a call past `rollout.max_turns` or a prompt with no room
 left in `rollout.max_total_tokens` (400, codes `turn_budget_exceeded` / `context_length_exceeded`), a malformed
 request (400).
@@ -34,11 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl_ray.chat_format import parse_tool_calls
 from agentrl_ray.config import RolloutConfig
 from agentrl_ray.messages import assistant_message, to_openai
 from agentrl_ray.rollout.endpoint.calls import Call, Choice, Renderer
 from agentrl_ray.rollout.engine import Engine, Generation
+from agentrl_ray.rollout.tool_format import tool_format
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,7 @@ class Endpoint:
     def __init__(self, engine: Engine, tokenizer, cfg: RolloutConfig, version: Callable[[], int]) -> None:
         self.engine, self.tokenizer, self.cfg, self.version = engine, tokenizer, cfg, version
         self.renderer = Renderer(tokenizer)
+        self.tool_format = tool_format(tokenizer, cfg.tool_format)
         self.sessions: dict[str, Session] = {}
         self.pending: list[_Pending] = []
         self._wake = asyncio.Event()
@@ -274,7 +275,7 @@ class Endpoint:
         eos = self.tokenizer.eos_token_id
         ended = finish == "stop" and not hit and bool(ids) and ids[-1] == eos
         text = text.removesuffix(self.tokenizer.eos_token or "")
-        parsed = parse_tool_calls(text)
+        parsed = self.tool_format.parse(text)
         message = assistant_message(text, parsed, turn)
         if parsed.calls:
             finish = "tool_calls"
