@@ -87,8 +87,8 @@ test-fast: install
 	$(BIN)/python -m pytest tests/unit -q -n 2 -m "not slow and not long and not rebuild"
 
 lint: install
-	$(BIN)/ruff check agentrl_ray tests examples benchmarks
-	$(BIN)/ruff format --check agentrl_ray tests examples benchmarks
+	$(BIN)/ruff check agentrl_ray tests examples benchmarks tools
+	$(BIN)/ruff format --check agentrl_ray tests examples benchmarks tools
 
 gpu-install:
 	$(PYTHON) -m venv $(VENV)
@@ -102,7 +102,7 @@ gpu-kit: install
 
 # One benchmark through the harness (benchmarks/run.py --help lists them): make bench BENCH=roofline ARGS="--model qwen05b".
 bench: install
-	$(BIN)/python benchmarks/run.py $(or $(BENCH),throughput) $(ARGS)
+	$(BIN)/python benchmarks/run.py $(or $(BENCH),rollout) $(ARGS)
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

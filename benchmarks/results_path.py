@@ -1,6 +1,7 @@
-"""Where a benchmark's result goes by default: the naming rule of docs/benchmarks.md ("Results").
+"""Where a benchmark's result goes by default, and what every result JSON records about how it was made: the naming
+rule and the schema of docs/benchmarks.md ("Results").
 
-    benchmarks/results/<benchmark>/<label>-<date>-<machine>.<ext>       (label optional)
+    benchmarks/results/<mode>/<label>-<date>-<machine>.<ext>       (label optional; a benchmark's mode, its folder)
 
 `date` is today's in UTC (YYYY-MM-DD); `machine` names the GPU the result was measured on, else the CPU:
 /proc/cpuinfo's model name without vendor words, lower case, then `-f<family>m<model>`, which tells apart VMs that
@@ -9,17 +10,27 @@ name their CPU only "AMD EPYC" (`epyc-f25m17` is a Zen 4); `unknown` where neith
     from results_path import default_out
     out = default_out("sync_cost")                        # benchmarks/results/sync_cost/2026-12-01-epyc-f26m2.json
     out = default_out("throughput", label="calculator")   # .../throughput/calculator-2026-12-01-epyc-f26m2.json
+    out.write_text(json.dumps(with_meta(result, f"{samples_per_s:.2f} samples/s"), indent=2))
+
+`with_meta` puts a `meta` object first in the result: `commit` (HEAD, `-dirty` when tracked files differ from it;
+`unknown` outside a git checkout), `command` (as typed, through benchmarks/run.py when it started the benchmark),
+`machine` (the tag above), `date` (UTC) and `summary`, the result in one line, which the benchmark writes.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import re
+import shlex
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+COMMAND_ENV = "AGENTRL_BENCH_COMMAND"  # the command as typed; the harness (suite.dispatch) sets it
 _VENDOR = re.compile(r"\((r|tm)\)|@.*$|\b(amd|intel|nvidia|cpu|processor|\d+-core)\b")
 
 
@@ -61,3 +72,31 @@ def default_out(benchmark: str, label: str = "", ext: str = "json", gpu: str | N
     """benchmarks/results/<benchmark>/<label>-<date>-<machine>.<ext>; the folder is not created."""
     parts = [_slug(label) if label else "", time.strftime("%Y-%m-%d", time.gmtime()), machine(gpu)]
     return RESULTS / benchmark / (("-".join(p for p in parts if p)) + "." + ext)
+
+
+def commit() -> str:
+    """HEAD's hash, with "-dirty" when a tracked file differs from it; "unknown" outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
+    except OSError:  # no git installed
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def meta(summary: str, gpu: str | None = None) -> dict:
+    """How this result was made: commit, command, machine, date, and the benchmark's one-line summary of it."""
+    return {
+        "commit": commit(),
+        "command": os.environ.get(COMMAND_ENV) or shlex.join(["python", *sys.argv]),
+        "machine": machine(gpu),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "summary": " ".join(summary.split()),
+    }
+
+
+def with_meta(result: dict, summary: str, gpu: str | None = None) -> dict:
+    """`result` with its `meta` first, as every benchmark writes its JSON (`gpu`: the GPU's name where one ran it)."""
+    return {"meta": meta(summary, gpu), **{k: v for k, v in result.items() if k != "meta"}}

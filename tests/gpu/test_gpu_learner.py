@@ -229,7 +229,7 @@ def test_learner_update_on_gpu(setting, local_ray, builtin_model_path, tmp_path)
 
 def test_the_ipc_sender_gets_the_learners_gpu_tensors_and_the_others_host_copies(builtin_model_path, monkeypatch):
     """learner/loop.py hands the IPC sender the model's own CUDA tensors (it packs them on the GPU: no trip through
-    host memory, benchmarks/ipc_handoff.py) and every other sender copies in host memory."""
+    host memory, `benchmarks/run.py weight_sync --mode ipc_handoff`) and every other sender copies in host memory."""
     from builders import as_ray_train_rank_zero
 
     from agentrl_ray.infra.profiles import load_config

@@ -1,7 +1,7 @@
 """The long-tail workload's example as a user types it (`agentrl-ray train examples/longtail/config.yaml`, the
 installed console script, from the repository root): sessions of several questions run turn after turn through the
-environment's log-normal waits, and the step's time shows where it went (benchmarks/pipeline_timeline.py reads
-these fields)."""
+environment's log-normal waits, and the step's time shows where it went (`benchmarks/run.py rollout --mode
+pipeline_timeline` reads these fields)."""
 
 import json
 from pathlib import Path

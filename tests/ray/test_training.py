@@ -179,7 +179,7 @@ def test_resume_after_a_torn_snapshot_checkpoint_and_metrics_line(two_steps, tmp
 )
 def test_other_learner_setups_train(local_ray, builtin_model_path, tmp_path, variant):
     """DeepSpeed ZeRO-2 over gloo with two learner ranks, QLoRA (an NF4 base in the learner, bitsandbytes on CPU;
-    the engines keep full weights), and LoRA as the 0.5B runs train it (benchmarks/trl_side_by_side.py): on a
+    the engines keep full weights), and LoRA as the 0.5B runs train it (`benchmarks/run.py against_trl`): on a
     bfloat16 base under autocast (its adapters' inputs left uncast, `policy.py`), with compiled decoder layers
     (`learner.compile`, inductor in the Ray Train worker) and the freed memory kept between updates
     (`learner.release_memory=false`); the LoRA ones with adapter-only sync. Real steps, new weights, and a resume

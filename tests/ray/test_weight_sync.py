@@ -197,17 +197,16 @@ def test_the_same_row_twice_in_one_batch(setup):
 
 @pytest.mark.long
 def test_the_ipc_handoff_benchmark_runs_on_a_cpu(local_ray, tmp_path):
-    """benchmarks/ipc_handoff.py (the colocated handoff's s/GB, docs/learner_speed.md) at a small shape: both
-    transports through the real sender, receiver and torch engine actor leave the engine holding the learner's
-    weights. On a CPU the IPC reduction carries the bytes: this checks the path, the GPU run measures it."""
+    """The weight_sync benchmark's ipc_handoff mode (the colocated handoff's s/GB, docs/learner_speed.md) at a small
+    shape: both transports through the real sender, receiver and torch engine actor leave the engine holding the
+    learner's weights. On a CPU the IPC reduction carries the bytes: this checks the path, the GPU run measures it."""
     import argparse
     import sys
 
     root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root / "benchmarks"))
-    import ipc_handoff
+    from suite.weight_sync import ipc_handoff  # its actor class travels by value: workers need not import it
 
-    ray.cloudpickle.register_pickle_by_value(ipc_handoff)  # its actor class, for workers without benchmarks/
     ipc_handoff.build_model(tmp_path / "model", "tiny", "cpu")
     args = argparse.Namespace(device="cpu", repeats=1, bucket_mb=1)
     out = ipc_handoff.handoffs(args, "tiny", tmp_path / "model")

@@ -1,9 +1,14 @@
-"""benchmarks/ as a maintained set: every script is a benchmark of benchmarks/run.py (with its own --help) or a helper
-the benchmarks import, docs/benchmarks.md lists every benchmark, and every stored result is in the one tree,
-benchmarks/results/<benchmark>/<label>-<date>-<machine>.<ext> (docs/benchmarks.md, "Results")."""
+"""benchmarks/ as a maintained set: at most 12 top-level scripts, each a benchmark of benchmarks/run.py (a claim of the
+docs, measured by one or more modes, each mode a module of benchmarks/suite/ run only through it) with its own
+--help; docs/benchmarks.md lists every benchmark and mode; every stored result is in the one tree,
+benchmarks/results/<mode>/<label>-<date>-<machine>.<ext>, and every result JSON outside _retired/ records how it was
+made in a `meta` object (docs/benchmarks.md, "Results")."""
 
 from __future__ import annotations
 
+import ast
+import json
+import os
 import re
 import subprocess
 import sys
@@ -13,10 +18,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
+SUITE = BENCH / "suite"
+HELPERS = {"run.py", "results_path.py"}  # the harness and the results' naming rule and meta
+META_KEYS = {"commit", "command", "machine", "date", "summary"}
 
 
 @pytest.fixture(scope="module")
 def run():
+    """benchmarks/run.py, imported; the benchmark scripts it imports (`echo`, `learner`, ...) leave sys.modules
+    afterwards, so that no later test imports them by those names."""
+    before = set(sys.modules)
     sys.path.insert(0, str(BENCH))
     try:
         import run as harness
@@ -24,6 +35,9 @@ def run():
         yield harness
     finally:
         sys.path.remove(str(BENCH))
+        for name in set(sys.modules) - before:
+            if str(getattr(sys.modules[name], "__file__", "")).startswith(str(BENCH)):
+                del sys.modules[name]
 
 
 def _tracked(*paths: str) -> list[str]:
@@ -31,59 +45,142 @@ def _tracked(*paths: str) -> list[str]:
     return out.splitlines()
 
 
-def test_every_script_is_a_benchmark_of_the_harness_or_a_helper(run):
+def _harness(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH / "run.py"), *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_the_top_level_scripts_are_the_set_and_at_most_12(run):
     scripts = {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")}
-    registered = {b.script for b in run.BENCHMARKS.values()}
-    assert registered <= scripts, f"registered but missing: {sorted(registered - scripts)}"
-    assert scripts - registered == set(run.HELPERS), f"neither a benchmark nor a helper: {scripts - registered}"
+    assert len(scripts) <= 12, sorted(scripts)
+    assert scripts - HELPERS == {f"{name}.py" for name in run.NAMES}, "every script a benchmark of run.NAMES"
 
 
-def test_every_benchmark_has_its_own_help_and_backs_a_docs_page(run):
-    for name, b in run.BENCHMARKS.items():
-        text = (BENCH / b.script).read_text()
-        assert ("ArgumentParser" in text) if b.script.endswith(".py") else ("--help" in text), name
-        assert (ROOT / b.doc).is_file(), (name, b.doc)
-        assert len(b.what) <= 120 and "\n" not in b.what, name
+def test_every_benchmark_names_its_claim_its_docs_page_and_modes_that_exist(run):
+    for name, b in run.benchmarks().items():
+        assert b.name == name and b.modes, name
+        assert (ROOT / b.doc).is_file() and len(b.claim) <= 120, name
+        for mode, m in b.modes.items():
+            found = [p for p in (SUITE / name / f"{mode}.py", SUITE / name / f"{mode}.sh") if p.is_file()]
+            assert len(found) == 1, (name, mode)
+            assert len(m.what) <= 120 and "\n" not in m.what, (name, mode)
+            assert not m.doc or (ROOT / m.doc).is_file(), (name, mode, m.doc)
 
 
-def test_the_harness_help_lists_every_benchmark_with_its_command(run):
-    out = subprocess.run([sys.executable, str(BENCH / "run.py"), "--help"], capture_output=True, text=True, check=True)
-    for name in run.BENCHMARKS:
-        assert f"  {name} " in out.stdout and f"benchmarks/run.py {name}" in out.stdout, name
-    assert max(map(len, out.stdout.splitlines())) <= 120
+def test_a_mode_runs_only_through_its_benchmark(run):
+    """Each mode module is the code of a script once run alone: a `main(argv, prog)` the harness calls, and no
+    `__main__` block of its own (no second way to run it)."""
+    modes = {SUITE / name / f"{mode}.py" for name, b in run.benchmarks().items() for mode in b.modes}
+    for path in SUITE.rglob("*.py"):
+        source = path.read_text()
+        assert '__name__ == "__main__"' not in source, path
+        if path in modes:
+            (main,) = [f for f in ast.parse(source).body if isinstance(f, ast.FunctionDef) and f.name == "main"]
+            assert [a.arg for a in main.args.args] == ["argv", "prog"], path
+    for path in SUITE.rglob("*.sh"):
+        assert "--help" in path.read_text(), path
 
 
-def test_the_harness_passes_arguments_through_and_fails_on_an_unknown_name():
-    cmd = [sys.executable, str(BENCH / "run.py"), "cost_model", "--help"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    assert "usage: cost_model.py" in out.stdout and "--sync-cost" in out.stdout
-    bad = subprocess.run([sys.executable, str(BENCH / "run.py"), "no_such"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "cost_model" in bad.stderr
+def test_every_benchmark_has_its_own_help_through_the_harness(run):
+    for name, b in run.benchmarks().items():
+        out = _harness(name, "--help")
+        assert out.returncode == 0, (name, out.stderr)
+        assert all(f"  {mode} " in out.stdout for mode in b.modes), name
+        assert f"python benchmarks/run.py {name}" in out.stdout and max(map(len, out.stdout.splitlines())) <= 120
+    # A mode's own --help is its options (these import little; the rest import torch or vLLM: seconds each).
+    for args, said in (
+        (("overhead", "--mode", "integrity_cost", "--help"), "usage: benchmarks/run.py overhead --mode integrity_cost"),
+        (("against_trl", "--mode=startup_cpu", "--help"), "--run-dir"),
+        (("learner", "--mode", "gpu_learner", "--help"), "DRY=1"),
+    ):
+        out = _harness(*args)
+        assert out.returncode == 0 and said in out.stdout, (args, out.stderr)
 
 
-def test_trl_side_by_side_gets_an_out_in_the_results_tree_unless_given_one(run):
-    cmd = run.command("trl_side_by_side", ["--steps", "3"])
-    out = cmd[cmd.index("--out") + 1]
-    assert re.fullmatch(r"benchmarks/results/trl_side_by_side/\d{4}-\d\d-\d\d-[a-z0-9-]+\.json", out), out
-    for given in (["--out", "x.json"], ["--out=x.json"], ["--report", "x.json"], ["--no-write"]):
-        assert run.command("trl_side_by_side", given)[2:] == given
-    assert run.command("gpu_learner", ["--help"])[:2] == ["bash", "benchmarks/gpu_learner.sh"]
-
-
-def test_docs_benchmarks_lists_every_benchmark(run):
+def test_the_scripts_that_measure_nothing_are_tools_docs_benchmarks_names_with_their_own_help():
     text = (ROOT / "docs" / "benchmarks.md").read_text()
-    for name, b in run.BENCHMARKS.items():
-        assert f"[`{name}`](../benchmarks/{b.script})" in text, name
+    for path in _tracked("tools"):
+        assert f"`{Path(path).name}`" in text, path
+        if path.endswith(".sh"):
+            assert "--help" in (ROOT / path).read_text(), path
+        else:
+            assert "ArgumentParser" in (ROOT / path).read_text(), path
+    out = subprocess.run([sys.executable, "tools/cost_model.py", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and "docs/scaling.md" in out.stdout
 
 
-def test_every_stored_result_is_in_the_one_tree_named_by_benchmark_date_and_machine():
+def test_the_harness_help_lists_every_benchmark_with_its_modes_and_command(run):
+    out = _harness("--help")
+    assert out.returncode == 0
+    for name, b in run.benchmarks().items():
+        assert f"  {name} " in out.stdout and f"benchmarks/run.py {name}" in out.stdout, name
+        assert ", ".join(b.modes) in " ".join(out.stdout.split()), name
+    assert max(map(len, out.stdout.splitlines())) <= 120
+    assert _harness("--list").stdout.split() == list(run.NAMES)
+
+
+def test_the_harness_fails_on_an_unknown_benchmark_or_mode(run):
+    bad = _harness("no_such")
+    assert bad.returncode == 2 and "against_trl" in bad.stderr
+    bad = _harness("learner", "--mode", "no_such")
+    assert bad.returncode == 2 and "learner_throughput" in bad.stderr
+    assert run.command("roofline", ["--threads", "1"]) == [sys.executable, "benchmarks/roofline.py", "--threads", "1"]
+
+
+def test_the_mode_is_the_first_argument_else_the_default(run):
+    from suite import split_mode
+
+    b = run.benchmarks()["rollout"]
+    assert split_mode(b, ["--steps", "3"]) == ("throughput", ["--steps", "3"])
+    assert split_mode(b, ["--mode", "pipeline_timeline", "--modes", "0,1"]) == ("pipeline_timeline", ["--modes", "0,1"])
+    assert split_mode(b, ["--mode=backend_compare", "--model", "tiny"]) == ("backend_compare", ["--model", "tiny"])
+
+
+def test_docs_benchmarks_lists_every_benchmark_and_mode(run):
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    for name, b in run.benchmarks().items():
+        row = next((line for line in text.splitlines() if f"[`{name}`](../benchmarks/{name}.py)" in line), None)
+        assert row is not None, name
+        assert all(f"`{mode}`" in row for mode in b.modes), name
+
+
+def test_every_stored_result_is_in_the_one_tree_named_by_mode_date_and_machine(run):
     assert _tracked("docs/benchmarks") == []  # the scripts' history: docs/history/benchmark_scripts.md
     named = re.compile(r"(^|-)\d{4}-\d\d-\d\d-[A-Za-z0-9_.-]+$")
+    modes = {mode for b in run.benchmarks().values() for mode in b.modes}
     for path in _tracked("benchmarks/results"):
-        parts = Path(path).parts
-        assert len(parts) in (4, 5), path  # benchmarks/results/<benchmark>/<file>, or .../<experiment folder>/<file>
-        name = parts[3] if len(parts) == 5 else re.sub(r"\.(json|jsonl|jsonl\.xz|log|txt)$", "", parts[3])
+        parts = Path(path).parts[2:]  # <mode>/<file>, <mode>/<experiment folder>/<file>, _retired/<folder>/<file>
+        if parts[0] == "_retired":
+            parts = parts[1:]
+        else:
+            # A mode's folder; gpu_tests/ records tests/gpu runs, train/ plain `agentrl-ray train` runs.
+            assert parts[0] in modes | {"gpu_tests", "train"}, f"{path}: no mode of that name (retired: _retired/)"
+        assert len(parts) in (2, 3), path
+        name = parts[1] if len(parts) == 3 else re.sub(r"\.(json|jsonl|jsonl\.xz|log|txt)$", "", parts[1])
         assert named.search(name), path
+
+
+def test_every_result_json_outside_retired_records_how_it_was_made():
+    missing = []
+    for path in _tracked("benchmarks/results"):
+        if path.endswith(".json") and "/_retired/" not in path:
+            meta = json.loads((ROOT / path).read_text()).get("meta")
+            if not isinstance(meta, dict) or set(meta) != META_KEYS or any(type(v) is not str for v in meta.values()):
+                missing.append(path)
+    assert not missing, missing
+
+
+def test_meta_names_commit_command_machine_date_and_summary(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    from results_path import COMMAND_ENV, machine, with_meta
+
+    monkeypatch.setenv(COMMAND_ENV, "python benchmarks/run.py roofline --mode machine_peak")
+    out = with_meta({"rows": [1], "meta": "stale"}, "bf16 GEMM  965 GFLOP/s\n at 2048-square")
+    assert list(out) == ["meta", "rows"] and set(out["meta"]) == META_KEYS
+    meta = out["meta"]
+    assert meta["command"] == os.environ[COMMAND_ENV] and meta["machine"] == machine()
+    assert meta["summary"] == "bf16 GEMM 965 GFLOP/s at 2048-square"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", meta["date"])
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?|unknown", meta["commit"]), meta["commit"]
 
 
 def test_machine_names():

@@ -7,8 +7,8 @@ third of) rebuilds it from its recipe (~10 min on 2 cores) and checks the rebuil
 recipe still makes a model as good as the one shipped. A recipe changed without re-shipping fails
 `make test` at once (the shipped folder must be the code's recipe).
 
-vLLM loading and the sampled success under vLLM are measured by benchmarks/builtin_model_quality.py and exercised
-by the tests in tests/ray, which roll out this model.
+vLLM loading and the sampled success under vLLM are measured by `benchmarks/run.py real_model --mode
+builtin_model_quality` and exercised by the tests in tests/ray, which roll out this model.
 """
 
 from __future__ import annotations

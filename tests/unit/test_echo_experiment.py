@@ -1,23 +1,26 @@
-"""benchmarks/echo_experiment.py's reading of runs (metrics.jsonl on disk), without training anything."""
+"""The echo benchmark's echo_experiment mode: its reading of runs (metrics.jsonl on disk), without training anything."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "echo_experiment.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def echo_experiment():
-    spec = importlib.util.spec_from_file_location("echo_experiment", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from suite.echo import echo_experiment
+
+        yield echo_experiment
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
 
 
 def write_run(run_dir: Path, records: list[dict]) -> Path:
@@ -62,7 +65,7 @@ def test_the_reach_pick_prefers_the_fewest_samples_and_breaks_ties_by_the_mean(e
     assert echo_experiment.pick(candidates, 0.5, "reach") == 0.005
     assert echo_experiment.pick(candidates, 0.5, "auc") == 0.05
     assert echo_experiment.arm_label(0.05, "linear", 40) == "ECHO λ=0.05→0 (linear, 40 steps)"
-    exp = echo_experiment.Experiment(SCRIPT.parents[1] / "examples/grid/delayed.yaml", [], decay_steps=40)
+    exp = echo_experiment.Experiment(ROOT / "examples/grid/delayed.yaml", [], decay_steps=40)
     assert exp.task == "grid-delayed"
     assert exp.variant_overrides("linear") == ["echo.schedule=linear", "echo.final_coeff=0", "echo.decay_steps=40"]
     assert exp.run_dir(0.05, 3, "linear").name == "lam0.05-linear-seed3"

@@ -1,5 +1,6 @@
-"""benchmarks/gemm_forms.py's `--linear` forms: every form of a `Linear`'s forward and input gradient computes the same
-product (the rates it reports compare like with like), at an odd row count so that the halves are unequal."""
+"""The roofline benchmark's gemm_forms mode, its `--linear` forms: every form of a `Linear`'s forward and input
+gradient computes the same product (the rates it reports compare like with like), at an odd row count so that the
+halves are unequal."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import gemm_forms  # noqa: E402
+from suite.roofline import gemm_forms  # noqa: E402
 
 
 @pytest.mark.parametrize("tokens", [7, 1])

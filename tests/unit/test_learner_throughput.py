@@ -1,5 +1,6 @@
-"""benchmarks/learner_throughput.py runs on a CPU at its small shape (the GPU's real shapes run on a GPU machine,
-docs/learner_speed.md): every variant reports its throughput, and the levers leave the log-probs unchanged."""
+"""The learner benchmark's learner_throughput mode runs on a CPU at its small shape (the GPU's real shapes run on a
+GPU machine, docs/learner_speed.md): every variant reports its throughput, and the levers leave the log-probs
+unchanged."""
 
 import json
 import re
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.long  # minutes of compiling or a benchmark's run: make test-all (docs/testing.md)
 def test_learner_throughput_benchmark_runs_on_a_cpu(tmp_path):
     out = tmp_path / "lt.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "learner_throughput.py"), "--device=cpu", "--shape=tiny"]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "learner", "--device=cpu", "--shape=tiny"]
     cmd += ["--steps=1", "--warmup=1", "--seq=96", "--prompt-len=16", "--micro-batch=4", "--ragged", "--profile=3"]
     cmd += ["--paired=1", "--paired-keep=1"]
     # Five variants, each its own process: float32 LoRA had only its adapter count to show, which lorabf16 shows too.
@@ -51,7 +52,7 @@ def test_the_static_and_cudagraphs_levers_change_how_the_layers_compile(monkeypa
     from agentrl_ray.learner.levers import compilation
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import learner_throughput
+    from suite.learner import learner_throughput
 
     monkeypatch.setattr(compilation, "LAYER_COMPILE_OPTIONS", dict(compilation.LAYER_COMPILE_OPTIONS))
     assert compilation.LAYER_COMPILE_OPTIONS == {"dynamic": True}
@@ -72,7 +73,7 @@ def test_the_share_levers_set_the_shared_prefix_whatever_auto_would(monkeypatch,
     from agentrl_ray.infra.profiles import load_config
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import learner_throughput
+    from suite.learner import learner_throughput
 
     def shared(*levers: str):
         overrides = learner_throughput.variant_overrides(device, "full", list(levers), 8)
@@ -89,7 +90,7 @@ def test_the_share_levers_set_the_shared_prefix_whatever_auto_would(monkeypatch,
 def test_a_variant_past_its_timeout_is_stopped_and_the_next_still_runs(tmp_path):
     """--variant-timeout: the first variant's endless steps are cut, its steps so far recorded, and the second runs."""
     out = tmp_path / "lt.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "learner_throughput.py"), "--device=cpu", "--shape=tiny"]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "learner", "--device=cpu", "--shape=tiny"]
     cmd += ["--seq=32", "--prompt-len=8", "--micro-batch=2", "--micro-batches=1", "--warmup=0"]
     # Two full fine-tune variants, the second with a lever: each must step once before it is cut (30 s each; the test
     # took 72.8 s alone). Not LoRA: its start (PEFT's and bitsandbytes' imports) took over 20 s in a clean clone's CI

@@ -1,6 +1,7 @@
-"""The pipeline simulator (benchmarks/pipeline_sim.py, `pipeline_timeline.py --project`) against cases worked by
-hand: with no environment wait, one turn per episode and a batched call of fixed cost, each pipeline's step is what
-its rules make it; a heavy-tailed environment then costs the batch pipeline its tail and the stream one little."""
+"""The pipeline simulator (benchmarks/suite/rollout/pipeline_sim.py, `rollout --mode pipeline_timeline --project`)
+against cases worked by hand: with no environment wait, one turn per episode and a batched call of fixed cost, each
+pipeline's step is what its rules make it; a heavy-tailed environment then costs the batch pipeline its tail and the
+stream one little."""
 
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import pipeline_sim as ps  # noqa: E402
+from suite.rollout import pipeline_sim as ps  # noqa: E402
 
 SHAPE = ps.Shape(engines=1, prompts_per_step=4, group_size=2)
 

@@ -1,4 +1,4 @@
-"""benchmarks/roofline.py's learner FLOPs against torch's own count of a real forward and backward.
+"""The roofline benchmark's learner FLOPs against torch's own count of a real forward and backward.
 
 The whole-step bound of docs/benchmarks.md ("how far 4x is") rests on `learner_flops`: 6 x params a token for a full
 fine-tune, 4 x the frozen body + 6 x the adapters under LoRA, the head over the scored tokens only. Here a small
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import roofline  # noqa: E402
+from suite.roofline import roofline  # noqa: E402
 
 ROWS, SEQ, SCORED = 3, 24, 16
 

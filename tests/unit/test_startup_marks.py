@@ -2,7 +2,6 @@
 start-up benchmark's --phases reads them into a timeline with each process's start first."""
 
 import json
-import sys
 from pathlib import Path
 
 from agentrl_ray.infra import startup
@@ -25,8 +24,7 @@ def test_marks_are_written_only_when_a_file_is_named(tmp_path, monkeypatch):
 
 def test_the_benchmark_puts_each_process_start_before_its_marks(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    sys.modules.pop("startup_cpu", None)
-    from startup_cpu import phases
+    from suite.against_trl.startup_cpu import phases
 
     marks = tmp_path / "marks.jsonl"
     rows = [

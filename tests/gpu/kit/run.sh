@@ -9,7 +9,7 @@
 #    -> $OUT/pytest.log, $OUT/gpu_e2e.jsonl (every GPU_E2E_JSON line), $OUT/runs/ (the runs' metrics and configs),
 #       $OUT/ray_logs/ (the tails of Ray's non-empty logs, on failure only)
 # 1b. with BENCH set: that shell command from $PROJ, in the same environment (OUT exported), cut at T_BENCH seconds
-#    -> $OUT/bench.log (e.g. BENCH='$PY benchmarks/learner_throughput.py --out $OUT/lt.json'; OUT, PY exported)
+#    -> $OUT/bench.log (e.g. BENCH='$PY benchmarks/run.py learner --out $OUT/lt.json'; OUT, PY exported)
 # 2. `ray stop --force`, then the GPU's remaining processes; a summary (also $OUT/summary.log).
 # Exit status 0 only when pytest passed (exit 0).
 # Time on an H100/H200: set-up ~30 s, tests ~4-6 min (cut at T_ALL=420 s), clean-up ~10 s.

@@ -1,0 +1,136 @@
+"""Where a step's time goes on the long-tail agent workload, in the pipeline's modes: the baseline every change to the
+pipeline (issue 67, docs/async.md) is measured against.
+
+    python benchmarks/run.py rollout --mode pipeline_timeline         # examples/longtail, 12 steps: k=0, 1; stream 2, 4
+    python benchmarks/run.py rollout --mode pipeline_timeline --modes 0,stream:2 --steps 20 -- env.kwargs.sigma=1.5
+
+Each mode is one run of the installed CLI (`agentrl-ray train CONFIG sync.max_staleness=K`, with
+`sync.pipeline=stream` for `stream:K`), no evaluation; the first step (start-up's) is left out. Per step, from
+metrics.jsonl (medians over the steps, and sums):
+- step: wall time; trajectories/s;
+- learner: busy (`time/learner_s`: the update), waiting for rollouts (`time/rollout_s`), sync (`time/sync_s`);
+- engines (the slowest worker's rollout call, `time/rollout_worker_s`): generating (`time/generate_s`), waiting on
+  the environment (`time/env_s`: the turn's slowest episode holds the others' next turn), the rest of the call
+  (loading weights, rewards), and idle between calls (the step's wall minus the call, where positive).
+The environment's latency is log-normal (median_s, sigma from the config): its p99/median is printed with it.
+In the stream pipeline the engine's columns are per group call (many run at once, their turns batched together), so
+its busy/idle split is not one call's; throughput counts trained trajectories (`samples`), and the groups dropped as
+stale or sampled again after a lost call are reported beside it. `speedup_vs_sync` and `speedup_vs_one_step_off`
+compare each mode's trained trajectories/s with batch k=0's and k=1's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from suite.common.cli_runs import train_records, write_result
+
+KEYS = {
+    "step_s": "time/step_s",
+    "learner_busy_s": "time/learner_s",
+    "learner_waiting_s": "time/rollout_s",
+    "sync_s": "time/sync_s",
+    "engine_call_s": "time/rollout_worker_s",
+    "engine_generating_s": "time/generate_s",
+    "engine_waiting_on_env_s": "time/env_s",
+}
+
+
+def summarize(records: list[dict]) -> dict:
+    steps = [r for r in records if r.get("step", 0) >= 2]
+    first = next(r for r in records if r.get("step") == 1)
+    out: dict = {"steps": len(steps)}
+    for name, key in KEYS.items():
+        values = [r.get(key, 0.0) for r in steps]
+        out[name] = {"median": statistics.median(values), "sum": sum(values)}
+    idle = [max(0.0, r["time/step_s"] - r.get("time/rollout_worker_s", 0.0)) for r in steps]
+    out["engine_idle_s"] = {"median": statistics.median(idle), "sum": sum(idle)}
+    out["trajectories_per_s"] = (steps[-1]["samples"] - first["samples"]) / out["step_s"]["sum"]
+    out["reward_mean"] = statistics.fmean(r.get("reward/mean", 0.0) for r in steps)
+    for key in ("rollout/stale_dropped", "rollout/filtered_groups"):
+        out[key.split("/")[1]] = sum(r.get(key, 0) for r in steps)
+    out["regenerated_groups"] = steps[-1].get("rollout/regenerated_groups", 0)
+    out["staleness_mean"] = statistics.fmean(r.get("rollout/staleness", 0.0) for r in steps)
+    return out
+
+
+def mode_overrides(mode: str) -> list[str]:
+    """`K`: the batch pipeline at sync.max_staleness=K; `stream:K`: the stream pipeline."""
+    if mode.startswith("stream:"):
+        return ["sync.pipeline=stream", f"sync.max_staleness={mode.removeprefix('stream:')}"]
+    return ["sync.pipeline=batch", f"sync.max_staleness={mode}"]
+
+
+def main(argv: list[str], prog: str) -> None:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="examples/longtail/config.yaml")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--modes", default="0,1,stream:2,stream:4", help="K (batch pipeline) or stream:K, in order")
+    p.add_argument("--out", default=None)
+    p.add_argument(
+        "--project",
+        action="store_true",
+        help="then calibrate the pipeline simulator here, check it against these modes and project to 64 engines and "
+        "8 learner ranks (pipeline_sim; needs the modes 0, 1, stream:2 and stream:4)",
+    )
+    p.add_argument("extra", nargs="*", help="config overrides for every run")
+    p.add_argument(
+        "--project-from",
+        default=None,
+        help="--project against this earlier result, measuring nothing (its stored calibration too: see --calibrate)",
+    )
+    p.add_argument("--calibrate", action="store_true", help="with --project-from: measure the calibration again")
+    a = p.parse_args(argv)
+    if a.project_from:
+        from suite.rollout.pipeline_sim import project
+
+        path = Path(a.project_from)
+        result = json.loads(path.read_text())
+        stored = None if a.calibrate else result.get("projection", {}).get("calibration")
+        result["projection"] = project(result["config"], path, a.steps, stored)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        return
+    from agentrl_ray.envs.builtin.longtail import p99_over_median
+    from agentrl_ray.infra.profiles import load_config
+
+    cfg = load_config(a.config, a.extra)
+    per_step = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    names = {"0": "sync", "1": "one_step_off"}
+    base = [f"run.steps={a.steps}", "run.eval_at_start=false", "run.eval_every=0", "run.checkpoint_every=0", *a.extra]
+    t0 = time.time()
+    modes = {}
+    for mode in a.modes.split(","):
+        records = train_records(a.config, [*base, *mode_overrides(mode)])
+        modes[names.get(mode, mode.replace(":", "_k"))] = summarize(records)
+    for mode in modes.values():
+        for ref in ("sync", "one_step_off"):
+            if ref in modes:
+                mode[f"speedup_vs_{ref}"] = mode["trajectories_per_s"] / modes[ref]["trajectories_per_s"]
+    sigma = cfg.env.kwargs.get("sigma")
+    result = {
+        "config": a.config,
+        "env_latency": {"median_s": cfg.env.kwargs.get("median_s"), "sigma": sigma}
+        | ({"p99_over_median": p99_over_median(sigma)} if sigma is not None else {}),
+        "trajectories_per_step": per_step,
+        "modes": modes,
+        "wall_s": time.time() - t0,
+    }
+    print(f"{'per step (median, s)':28s}" + "".join(f"{m:>18s}" for m in modes))
+    for name in [*KEYS, "engine_idle_s"]:
+        print(f"{name:28s}" + "".join(f"{v[name]['median']:18.3f}" for v in modes.values()))
+    for name in ("trajectories_per_s", "speedup_vs_sync", "speedup_vs_one_step_off", "staleness_mean"):
+        print(f"{name:28s}" + "".join(f"{v.get(name, float('nan')):18.2f}" for v in modes.values()))
+    for name in ("stale_dropped", "regenerated_groups"):
+        print(f"{name:28s}" + "".join(f"{v[name]:18d}" for v in modes.values()))
+    summary = ", ".join(f"{name} {m['trajectories_per_s']:.2f} trajectories/s" for name, m in modes.items())
+    path = write_result("pipeline_timeline", a.config, a.out, result, summary)
+    if a.project:
+        from suite.rollout.pipeline_sim import project
+
+        result = json.loads(path.read_text())  # with its meta
+        result["projection"] = project(a.config, path, a.steps)
+        path.write_text(json.dumps(result, indent=1) + "\n")
