@@ -126,12 +126,13 @@ SMALL_RECIPE = Recipe(
 # Its walks lean toward the goal (`sft_toward_share` 0.35): a warm-up on uniform walks leaves the first move independent
 # of the prompt, and GRPO then has no preference to sharpen (flat at ~0.2 over 20 steps, docs/history/echo.md round 4);
 # with 0.35 the first move goes toward the goal with probability 0.50 on held-out pairs against a uniform 0.41
-# (benchmarks/grid_probe.py). With cells only in the prompt (grid.TEXT_VERSION 1) no lean up to 0.5 took at all.
+# (`benchmarks/run.py echo --mode grid_probe`). With cells only in the prompt (grid.TEXT_VERSION 1) no lean up to 0.5
+# took at all.
 GRID_RECIPE = Recipe(task="grid", sft_dialogues=20_000, sft_steps=500, sft_batch=32, sft_toward_share=0.35)
 # `model.path: builtin:tiny-grid-cells`: the same warm-up with observations that give the cell only (examples/grid/
 # cells.yaml, docs/history/echo.md round 5): the policy must track the offset the prompt states through its own moves.
-# Its warm-up does not learn to follow the prompt (benchmarks/grid_probe.py --observe cell; docs/history/echo.md round
-# 5).
+# Its warm-up does not learn to follow the prompt (`benchmarks/run.py echo --mode grid_probe --observe cell`;
+# docs/history/echo.md round 5).
 GRID_CELLS_RECIPE = replace(GRID_RECIPE, grid_observations="cell")
 # `model.path: builtin:tiny-grid-delayed`: observations one move late (examples/grid/delayed.yaml, round 5).
 GRID_DELAYED_RECIPE = replace(GRID_RECIPE, grid_observations="delayed")

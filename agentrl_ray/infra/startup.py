@@ -1,6 +1,7 @@
 """Where a run's start-up goes: each process of the run marks the moments its start-up passes (imports done, Ray
 up, engine loaded, learner built, first step), when $AGENTRL_STARTUP_LOG names a file. Off by default, and then a
-mark costs one environment lookup. `benchmarks/startup_cpu.py --phases` sets it and prints the timeline.
+mark costs one environment lookup. `benchmarks/run.py against_trl --mode startup_cpu --phases` sets it and prints
+the timeline.
 
 One JSON line per mark: wall time, the process's own start (so imports before the first mark show), pid, role,
 phase. Local runs only: every process appends to the same file, which Ray's local workers inherit through the

@@ -23,7 +23,7 @@ def step_is_finite(policy, losses_finite: bool) -> bool:
     The gradients are checked through their total norm, which is NaN or inf exactly when one of them holds a NaN or
     an inf (or when the norm itself overflows float32, above ~1.8e19: a step no one wants either). That is one
     multi-tensor reduction and one host sync; a check per tensor was two kernels and a sync for each of a LoRA
-    model's hundreds of adapter tensors (`ONE_NORM_CHECK`, which benchmarks/learner_throughput.py's `-gradcheck`
+    model's hundreds of adapter tensors (`ONE_NORM_CHECK`, which `benchmarks/run.py learner`'s `-gradcheck`
     turns off)."""
     grads = [p.grad for p in policy.module.parameters() if p.grad is not None]
     if not losses_finite or not grads:

@@ -18,7 +18,7 @@ Four checks, each logged every step under `integrity/<check>/...`:
 A violation adds `integrity/failed` (one line per check that failed: which, where, by how much) to the step's
 metrics; the health verdict warns with it (`health.py`), `stop.json` / summary.json count it, and with
 `run.strict_integrity=true` the run stops at that step with that line. The cost (the probe's forwards, the
-comparisons) is `time/integrity_s`, measured against the step by `benchmarks/integrity_cost.py`.
+comparisons) is `time/integrity_s`, measured against the step by `benchmarks/run.py overhead --mode integrity_cost`.
 """
 
 from __future__ import annotations

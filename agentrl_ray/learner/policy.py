@@ -25,7 +25,7 @@ TRAINER_STATE = "trainer_state.pt"
 # DeepSpeed keeps a file named "latest" that names the tag folder: the tag must be another name.
 DEEPSPEED_TAG = "state"
 log = logging.getLogger("agentrl_ray")
-FUSED_ADAMW = True  # (benchmarks/learner_throughput.py turns it off to measure what it brings)
+FUSED_ADAMW = True  # (`benchmarks/run.py learner` turns it off to measure what it brings)
 LORA_INPUT_UNCAST = True  # keep_adapter_inputs_uncast (the benchmark's `-peftcast` turns it off)
 
 
@@ -135,7 +135,7 @@ class Policy:
     def _init_ddp(self, params: list[torch.nn.Parameter]) -> None:
         # fused: one kernel for the whole update (torch's default is the multi-tensor one): on a CPU too, where it
         # is ~5.7x faster (44 against 249 ms for 100M float32 parameters on 2 cores, docs/deepspeed.md,
-        # benchmarks/cpu_adamw.py)
+        # `benchmarks/run.py learner --mode cpu_adamw`)
         self.optimizer = torch.optim.AdamW(
             params,
             lr=self.cfg.lr,

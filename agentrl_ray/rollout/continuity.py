@@ -9,7 +9,7 @@ environment's tokens, token for token: a separator dropped between turns, a turn
 log-probs shifted by one all show here, with the turn and the token where the sequences part.
 
 The check is a few list comparisons per turn (C-speed slices): measured with the other integrity checks in
-`benchmarks/integrity_cost.py`.
+`benchmarks/run.py overhead --mode integrity_cost`.
 """
 
 from __future__ import annotations

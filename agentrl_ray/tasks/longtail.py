@@ -1,7 +1,8 @@
 """The long-tail agent workload (`data.train: builtin:longtail`, with `agentrl_ray.envs.builtin.longtail`): sessions
 of 1-4 arithmetic questions asked one after another, each solved with a calculator the environment runs.
 
-What makes it the workload the asynchronous pipeline is measured on (issue 67, `benchmarks/pipeline_timeline.py`):
+What makes it the workload the asynchronous pipeline is measured on (`benchmarks/run.py rollout --mode
+pipeline_timeline`):
 - heavy-tailed length: a session holds k questions with P(k) = 1/2, 1/4, 1/8, 1/8 for k = 1..4, and each question
   takes the model ~2 turns (a tool call, then its answer), so ~2-8 turns per episode, most of them short;
 - heavy-tailed latency: every environment step (a tool call run, an answer checked and the next question given)

@@ -27,7 +27,7 @@ from torch import Tensor
 
 CHUNK_ELEMENTS = 1 << 24  # a chunk's (tokens, V) float32 temporaries are at most this many elements (64 MiB)
 # On a GPU memory is plentiful and a 110-token chunk (at 152k vocabulary) starves the head's matmul and launches
-# ~10 kernels per chunk: 512 MiB chunks (883 tokens at 152k) keep the matmul large (benchmarks/learner_throughput.py).
+# ~10 kernels per chunk: 512 MiB chunks (883 tokens at 152k) keep the matmul large (`benchmarks/run.py learner`).
 CUDA_CHUNK_ELEMENTS = 1 << 27
 # On a CPU with AMX the head's products are short of the matrix units at 110 tokens (its input gradient, 110 x 152k by
 # 152k x 896, ran at 829 GFLOP/s against 1,659 at 512 tokens): there the GPU's chunk made the 0.5B learner's quarter

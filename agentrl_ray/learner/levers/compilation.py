@@ -12,13 +12,13 @@ log = logging.getLogger("agentrl_ray")
 
 COMPILE_AUTO_PARAMS = 200_000_000  # learner.compile=auto compiles models of at least this many parameters
 # torch.compile's options for each layer. Dynamic shapes: one graph serves every micro-batch and sequence length
-# (a run's batches change length every step). benchmarks/learner_throughput.py's `static` and `cudagraphs` levers
+# (a run's batches change length every step). `benchmarks/run.py learner`'s `static` and `cudagraphs` levers
 # change these to measure what a fixed shape, or CUDA graphs on top of it, would bring on a GPU.
 LAYER_COMPILE_OPTIONS: dict = {"dynamic": True}
 # What is compiled: "layers", each decoder layer (one graph that all of them share), or "stack", the module that
 # holds the layers (embedding, every layer and the final norm in one graph: one call's host overhead per forward
 # instead of one per layer; on a GPU the 0.5B step waits on the host for a fifth to a third of its time,
-# docs/history/learner_speed.md round 3). benchmarks/learner_throughput.py's `stack` lever sets "stack". Runs compile
+# docs/history/learner_speed.md round 3). `benchmarks/run.py learner`'s `stack` lever sets "stack". Runs compile
 # layers: the stack's compilation took 125 s against 28 s layer by layer on a CPU (0.5B LoRA) and did not end in 270 s
 # on an H100's host (0.5B full; docs/history/learner_speed.md round 4): inductor's fusion pass grows faster than the
 # graph.
@@ -26,7 +26,7 @@ COMPILE_SCOPE = "layers"
 # Each compiled layer's linears that read the same input (q/k/v, gate/up, and LoRA's A on each) run as one matmul
 # (learner/levers/linear_fusion.py). Off until a GPU measures it (docs/history/learner_speed.md round 5): on a CPU the
 # step was level with it, and the concatenated weights kept for backward raised the learner's peak RSS by 0.18-0.61 GiB
-# at 0.5B (docs/history/benchmarks.md round 11). benchmarks/learner_throughput.py's `fuse` lever turns it on.
+# at 0.5B (docs/history/benchmarks.md round 11). `benchmarks/run.py learner`'s `fuse` lever turns it on.
 FUSE_SHARED_INPUT_LINEARS = False
 # learner.compile_buckets: how many fixed-shape graphs of a layer torch keeps before it falls back to eager
 FIXED_SHAPE_GRAPHS = 128
