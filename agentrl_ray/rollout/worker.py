@@ -75,6 +75,10 @@ class RolloutWorker:
         # Decided once from the class: a turn-based environment (it defines step) talks in user turns, not tools.
         self.turn_based = callable(getattr(env_class, "step", None))
         self.tool_format = tool_format(self.tokenizer, cfg.tool_format)
+        if self.turn_based and self.tool_format.framing is not None and self.tool_format.framing.user_turns:
+            # Found at start, not at an episode's second turn: a turn-based environment answers in user turns.
+            raise ValueError(f"{env_cfg.name} answers in user turns, which {model_path}'s chat template cannot "
+                             f"follow a turn with: {self.tool_format.framing.user_turns}")  # fmt: skip
         self.reward_funcs = load_reward_functions(reward_cfg.functions)
         startup.mark("engine", "tokenizer, env and rewards loaded")
         self.engine = make_engine(
