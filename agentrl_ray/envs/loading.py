@@ -67,14 +67,21 @@ def import_object(path: str, what: str) -> Any:
 
 
 def load_env_class(path: str) -> type:
-    """The environment class at "package.module:Class", checked against the contract."""
+    """The environment class at "package.module:Class" (or a served OpenEnv app's, "openenv:http://..."), checked
+    against the contract."""
+    from agentrl_ray.envs.adapters import openenv
+
+    if path.startswith(openenv.SERVED):
+        return _checked(openenv.served_class(path.removeprefix(openenv.SERVED)), path)
     cls = import_object(path, "environment")
     if not inspect.isclass(cls):
         raise TypeError(f"environment {path!r} must be a class, got {type(cls).__name__}")
-    from agentrl_ray.envs.adapters import openenv
-
     if openenv.is_openenv_class(cls):  # an OpenEnv environment, unchanged: our contract around it
         cls = openenv.adapt(cls)
+    return _checked(cls, path)
+
+
+def _checked(cls: type, path: str) -> type:
     if not callable(getattr(cls, "reset", None)):
         raise TypeError(f"environment class {path!r} must define reset(self, **row) (the TRL environment contract)")
     if callable(getattr(cls, "reward", None)) and callable(getattr(cls, "get_reward", None)):

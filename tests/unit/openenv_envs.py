@@ -83,8 +83,14 @@ class ArithmeticEnv(MCPEnvironment):
         return Observation(metadata={"task": f"What is {self.a} + {self.b}? Use the tools, then submit."})
 
     def step(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        return self._scored(action, super().step(action, timeout_s=timeout_s, **kwargs))
+
+    async def step_async(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        # What OpenEnv's server calls: a served MCPEnvironment sets its rewards here.
+        return self._scored(action, await super().step_async(action, timeout_s=timeout_s, **kwargs))
+
+    def _scored(self, action: Action, observation: Observation) -> Observation:
         self._state.step_count += 1
-        observation = super().step(action, timeout_s=timeout_s, **kwargs)
         if getattr(action, "tool_name", None) == "submit":  # the episode's end and its reward
             observation.done = True
             observation.reward = 1.0 if action.arguments.get("answer") == self.a + self.b else 0.0

@@ -53,11 +53,14 @@ def test_an_openenv_environment_plays_through_the_loop_as_a_turn_based_one(tok, 
     assert all(h in env_text for h in hints)
 
 
+@pytest.mark.parametrize("served", [False, True], ids=["in-process", "served"])
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_an_openenv_mcp_environments_tools_are_tools_and_its_rewards_the_trajectorys(isolation):
+def test_an_openenv_mcp_environments_tools_are_tools_and_its_rewards_the_trajectorys(isolation, served, request):
     """The server's tools with their schemas; a call is a CallToolAction; a ToolError, a bad argument and a call after
-    `done` are error observations; the observations' rewards are get_reward()'s."""
-    cls = load_env_class(ARITHMETIC)
+    `done` are error observations; the observations' rewards are get_reward()'s. Served (`env.name:
+    openenv:http://...`): the same through OpenEnv's MCPToolClient, one WebSocket session per trajectory."""
+    name = f"openenv:{request.getfixturevalue('served_arithmetic')}" if served else ARITHMETIC
+    cls = load_env_class(name)
     schemas = {s["function"]["name"]: s["function"] for s in tool_schemas(cls)}
     assert set(schemas) == {"add", "submit"}
     assert schemas["add"]["parameters"]["properties"]["x"] == {"type": "integer", "description": "the first"}
@@ -71,7 +74,7 @@ def test_an_openenv_mcp_environments_tools_are_tools_and_its_rewards_the_traject
             env = openenv_envs.ArithmeticEnv()
             env.reset(seed=seed)
             total = env.a + env.b
-            await host.create(key, ARITHMETIC, {}, {"id": key, "seed": seed}, ())
+            await host.create(key, name, {}, {"id": key, "seed": seed}, ())
             first = await host.call_tools(
                 key, [ToolCall("add", {"x": env.a, "y": env.b}), ToolCall("add", {"x": 1})], []
             )
@@ -119,19 +122,15 @@ def test_only_openenv_classes_are_adapted():
     assert load_env_class("agentrl_ray.envs.builtin.calculator:CalculatorEnv") is CalculatorEnv
 
 
-@pytest.fixture(scope="module")
-def served_guess():
-    """GuessEnv served as OpenEnv serves it (`create_fastapi_app` under uvicorn) on a loopback port."""
+def _serve(app):
+    """`app` served as OpenEnv serves it (uvicorn) on a loopback port, until the generator is closed."""
     import socket
     import threading
     import time
 
     import httpx
-    import openenv_envs
     import uvicorn
-    from openenv.core.env_server.http_server import create_fastapi_app
 
-    app = create_fastapi_app(openenv_envs.GuessEnv, openenv_envs.GuessAction, openenv_envs.GuessObservation)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -149,6 +148,26 @@ def served_guess():
     yield url
     server.should_exit = True
     thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def served_guess():
+    """GuessEnv served as OpenEnv serves it (`create_fastapi_app` under uvicorn) on a loopback port."""
+    import openenv_envs
+    from openenv.core.env_server.http_server import create_fastapi_app
+
+    app = create_fastapi_app(openenv_envs.GuessEnv, openenv_envs.GuessAction, openenv_envs.GuessObservation)
+    yield from _serve(app)
+
+
+@pytest.fixture(scope="module")
+def served_arithmetic():
+    """ArithmeticEnv (an MCPEnvironment) served the same way, its action OpenEnv's CallToolAction."""
+    import openenv_envs
+    from openenv.core.env_server.http_server import create_fastapi_app
+    from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+
+    yield from _serve(create_fastapi_app(openenv_envs.ArithmeticEnv, CallToolAction, CallToolObservation))
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
@@ -187,3 +206,12 @@ def test_a_served_action_that_does_not_match_its_schema_is_an_observation():
     for text, says in (("1 2", "must be a JSON object"), ('{"row": 5, "col": 0}', "does not validate")):
         action, error = schema_action(schema, text)
         assert action is None and says in error
+
+
+def test_a_served_app_is_named_by_its_url_and_its_schema_says_its_shape(served_guess, served_arithmetic):
+    turn_based, tools = load_env_class(f"openenv:{served_guess}"), load_env_class(f"openenv:{served_arithmetic}")
+    assert callable(getattr(turn_based, "step", None)) and tool_schemas(turn_based) == []
+    assert {s["function"]["name"] for s in tool_schemas(tools)} == {"add", "submit"}
+    assert not callable(getattr(tools, "step", None))
+    with pytest.raises(ValueError, match="expected openenv:http://host:port"):
+        load_env_class("openenv:localhost:8000")

@@ -21,16 +21,19 @@ makes a class of our contract (`envs.base`) around it, one OpenEnv instance per 
   `metadata` where it has no other), the one string among them as it is, else all of them as JSON.
 
 **A served app** (`create_app(...)` / `create_fastapi_app(...)` on a port, in a container, on a Space) is reached
-through OpenEnv's own `GenericEnvClient`, one WebSocket session per trajectory, with no package of the environment's
-installed here:
+over its WebSocket, one session per trajectory, with no package of the environment's installed here:
 
     env:
-      name: agentrl_ray.envs.adapters.openenv:OpenEnvServer
-      kwargs: {url: "http://127.0.0.1:8000"}
+      name: openenv:http://127.0.0.1:8000      # or agentrl_ray.envs.adapters.openenv:OpenEnvServer, kwargs.url
 
-It is turn-based as above; the action's fields come from the server's `/schema` (read once per process), and an
-action read from JSON is checked against that schema before it is sent (an error observation otherwise). The
-server's environment runs in the server's processes: our isolation covers the client side only.
+Its `/schema` says which shape it is. An app whose action is OpenEnv's `CallToolAction` (an `MCPEnvironment`) is a
+tool environment as above, through OpenEnv's `MCPToolClient`: tools listed once per process, each call a
+`CallToolAction` step, the rewards and `done` its step results carry (a served `MCPEnvironment` answers through its
+`step_async`: that is where its rewards must be set). Any other app is turn-based through OpenEnv's
+`GenericEnvClient`: the action's fields come from `/schema` (read once per process), and an action read from JSON is
+checked against that schema before it is sent (an error observation otherwise). (Its `/mcp` route answers
+`tools/list` and `tools/call` but not MCP's `initialize`: an MCP client of `env.mcp_servers` cannot connect to it.)
+The server's environment runs in the server's processes: our isolation covers the client side only.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import json
 import sys
 import typing
 import zlib
+from types import SimpleNamespace
 from typing import Any
 
 INSTALL = (
@@ -161,6 +165,11 @@ def _tool_method(schema: dict) -> Any:
         if observation.error is not None:
             raise ValueError(observation.error.message or str(observation.error.error_type))
         result = observation.result
+        if isinstance(result, dict) and "content" in result:  # served: the CallToolResult as JSON
+            result = SimpleNamespace(
+                content=[SimpleNamespace(**block) for block in result["content"] or []],
+                structured_content=result.get("structured_content"),
+            )
         return result_text(result) if hasattr(result, "content") else _text(result)
 
     call.__name__ = call.__qualname__ = name
@@ -293,3 +302,43 @@ def schema_action(schema: dict[str, Any], text: str) -> tuple[dict[str, Any] | N
 
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+SERVED = "openenv:"  # env.name "openenv:http://host:port": a served app (envs.loading)
+
+
+def served_class(url: str) -> type:
+    """The environment class of the app served at `url`: tools for an `MCPEnvironment`'s, else turn-based."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"env.name {SERVED}{url!r}: expected {SERVED}http://host:port (a served OpenEnv app)")
+    if "tool_name" not in _action_schema(url).get("properties", {}):
+        return type("OpenEnvServed", (OpenEnvServer,), {"__init__": lambda self: OpenEnvServer.__init__(self, url)})
+    return _tool_environment(type("ServedMCPEnvironment", (_ServedMCP,), {"url": url}))
+
+
+class _ServedMCP:
+    """A served `MCPEnvironment` as an instance `_Trajectory` drives: a session of OpenEnv's MCPToolClient (its
+    WebSocket); each step result's reward and `done` on its observation, as an in-process step returns them."""
+
+    url: str
+
+    def __init__(self) -> None:
+        from openenv.core.mcp_client import MCPToolClient
+
+        self._client = MCPToolClient(base_url=self.url).sync()
+
+    def reset(self, **kwargs: Any) -> Any:
+        return self._observation(self._client.reset(**kwargs))
+
+    def step(self, action: Any) -> Any:
+        return self._observation(self._client.step(action))
+
+    def close(self) -> None:
+        self._client.close()
+
+    @staticmethod
+    def _observation(result: Any) -> Any:
+        observation = result.observation
+        observation.reward = result.reward if result.reward is not None else observation.reward
+        observation.done = bool(result.done or observation.done)
+        return observation
