@@ -24,6 +24,7 @@ comparisons) is `time/integrity_s`, measured against the step by `benchmarks/run
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -107,11 +108,20 @@ def probe_gap(engines: list[list[list[float]]], learner: list[list[float]]) -> t
     engine's probe log-probs and the learner's."""
     means, largest = [], 0.0
     for scored in engines:
-        diffs = [abs(a - b) for seq, ref in zip(scored, learner, strict=True) for a, b in zip(seq, ref, strict=True)]
+        diffs = [_gap(a, b) for seq, ref in zip(scored, learner, strict=True) for a, b in zip(seq, ref, strict=True)]
         means.append(sum(diffs) / max(1, len(diffs)))
         largest = max(largest, *diffs)
     mean = max(means)
     return mean, largest, means.index(mean)
+
+
+def _gap(a: float, b: float) -> float:
+    """|a - b| of two log-probs; the same -inf twice is no gap, and a NaN one (a broken engine's) an infinite gap,
+    which fails the check and keeps the metric comparable (a NaN mean compares false with everything)."""
+    if a == b:
+        return 0.0
+    gap = abs(a - b)
+    return gap if gap == gap else math.inf
 
 
 @torch.no_grad()

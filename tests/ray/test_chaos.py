@@ -302,6 +302,38 @@ def _committed(run_dir, checkpoint: str) -> bool:
         return False
 
 
+def kill_the_driver_once_committed(cli: list[str], tmp_path, run_dir, checkpoint: str, steps: int) -> dict:
+    """Start `cli` (`agentrl-ray train` as its own process, with its own local Ray) and SIGKILL it with everything it
+    started once `checkpoint` is committed; check that nothing of the run is left and that it had steps to go.
+    Returns the environment to resume it in."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, as a user's run
+    marker, log_path = str(tmp_path), tmp_path / "driver.log"
+    with log_path.open("wb") as log:  # a file, not a pipe: vLLM's logs would fill a pipe and block it
+        driver = subprocess.Popen(
+            cli, env={**env, _RUN_MARKER: marker}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            while not _committed(run_dir, checkpoint):
+                assert driver.poll() is None, log_path.read_text()[-3000:]
+                time.sleep(0.02)
+            _freeze_then_kill(driver, marker)
+            driver.wait(timeout=60)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+    assert driver.returncode == -signal.SIGKILL, log_path.read_text()[-3000:]
+    deadline = time.monotonic() + 10  # SIGKILLed processes leave the process table once they are reaped
+    while (left := _run_processes(driver.pid, marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, [(p.pid, p.name()) for p in left]  # the dead head left nothing of the run behind
+    done_before = sorted(p.name for p in run_dir.glob("checkpoint_*"))
+    print(f"driver SIGKILL: checkpoints on disk when it died: {done_before}")
+    assert f"checkpoint_{steps:06d}" not in done_before, "the run ended before the kill: nothing to resume"
+    return env
+
+
 @pytest.mark.long
 def test_a_killed_driver_process_resumes_bit_identical(reference, tmp_path):
     """`agentrl-ray train` as its own process is SIGKILLed with everything it started once checkpoint 2 is committed
@@ -312,32 +344,8 @@ def test_a_killed_driver_process_resumes_bit_identical(reference, tmp_path):
     import sys
 
     cli = [sys.executable, "-m", "agentrl_ray.cli", "train", *SMALL, f"run.output_dir={tmp_path}", "run.name=driver"]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray, as a user's run
-    marker = str(tmp_path)
     run_dir = tmp_path / "driver"
-    log_path = tmp_path / "driver.log"
-    log = log_path.open("wb")  # a file, not a pipe: vLLM's logs would fill a pipe and block it
-    driver = subprocess.Popen(
-        cli, env={**env, _RUN_MARKER: marker}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        while not _committed(run_dir, "checkpoint_000002"):
-            assert driver.poll() is None, log_path.read_text()[-3000:]
-            time.sleep(0.02)
-        _freeze_then_kill(driver, marker)
-        driver.wait(timeout=60)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-        log.close()
-    assert driver.returncode == -signal.SIGKILL, log_path.read_text()[-3000:]
-    deadline = time.monotonic() + 10  # SIGKILLed processes leave the process table once they are reaped
-    while (left := _run_processes(driver.pid, marker)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, [(p.pid, p.name()) for p in left]  # the dead head left nothing of the run behind
-    done_before = sorted(p.name for p in run_dir.glob("checkpoint_*"))
-    print(f"driver SIGKILL: checkpoints on disk when it died: {done_before}")
-    assert f"checkpoint_{STEPS:06d}" not in done_before, "the run ended before the kill: nothing to resume"
+    env = kill_the_driver_once_committed(cli, tmp_path, run_dir, "checkpoint_000002", STEPS)
     _crash_after_checkpoint(tmp_path, "driver", last=1)
     # --verbose: everything on the console (infra/console.py), Ray's and the resume's own lines included.
     done = subprocess.run([*cli, "run.resume=true", "--verbose"], env=env, capture_output=True, text=True, timeout=900)

@@ -39,21 +39,7 @@ def _after_step(run_dir, step: int, worker) -> None:
 
 
 def test_killed_engine_and_env_host_in_a_stream_run_lose_nothing(local_ray, tmp_path):
-    cfg = load_config(
-        "examples/longtail/config.yaml",
-        [
-            "profile=cpu",
-            "sync.pipeline=stream",
-            f"sync.max_staleness={K}",
-            f"rollout.prompts_per_step={P}",
-            f"rollout.group_size={G}",
-            f"run.steps={STEPS}",
-            "run.save_rollouts=1",
-            "run.checkpoint_every=0",
-            f"run.output_dir={tmp_path}",
-            "run.name=chaos",
-        ],
-    )
+    cfg = load_config("examples/longtail/config.yaml", _overrides(tmp_path, "chaos", checkpoint_every=0))
     pool = RolloutPool.create(cfg, resolve_model(cfg.model.path))
     pids: dict[str, int] = {}
 
@@ -76,13 +62,63 @@ def test_killed_engine_and_env_host_in_a_stream_run_lose_nothing(local_ray, tmp_
         pool.shutdown()
     assert pids["worker_after"] != pids["worker"] and after[1] != pids["host"]  # both were killed and restarted
     records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["rollout/regenerated_groups"] >= 1  # the lost calls were sent again
+    _check_complete(cfg.run_dir)
+
+
+def _overrides(tmp_path, name: str, checkpoint_every: int = 1) -> list[str]:
+    return [
+        "profile=cpu",
+        "sync.pipeline=stream",
+        f"sync.max_staleness={K}",
+        f"rollout.prompts_per_step={P}",
+        f"rollout.group_size={G}",
+        f"run.steps={STEPS}",
+        "run.save_rollouts=1",
+        f"run.checkpoint_every={checkpoint_every}",
+        f"run.output_dir={tmp_path}",
+        f"run.name={name}",
+    ]
+
+
+def _check_complete(run_dir) -> None:
+    """Every step logged once, P whole groups each within the bound, no prompt trained twice, none lost (the saved
+    rollouts of a step redone after a restart are the redone step's)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] > 0]
-    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))  # every step, exactly once
-    assert steps[-1]["rollout/regenerated_groups"] >= 1  # the lost calls were sent again
-    assert steps[-1]["samples"] == STEPS * P * G  # every step trained P whole groups
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    assert steps[-1]["samples"] == STEPS * P * G
     trained = []
     for step in range(1, STEPS + 1):
-        saved = [json.loads(x) for x in (cfg.run_dir / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        saved = [json.loads(x) for x in (run_dir / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines()]
         assert all(step - 1 - t["policy_version"] <= K for t in saved)
         trained += [t["prompt_id"] for t in saved if t["sample_index"] == 0]
-    assert len(trained) == len(set(trained)) == STEPS * P  # no prompt trained twice, none lost
+    assert len(trained) == len(set(trained)) == STEPS * P
+
+
+def test_a_killed_learner_in_a_stream_run_restarts_and_trains_no_prompt_twice(local_ray, tmp_path):
+    """SIGKILL of the learner worker while groups are in flight: Ray Train restarts it from the latest checkpoint,
+    whose consumed slots the new learner's stream takes up (the others are sent again); the engines are left alone."""
+    from test_chaos import _learner_pids
+
+    cfg = load_config("examples/longtail/config.yaml", _overrides(tmp_path, "learner"))
+    pool = RolloutPool.create(cfg, resolve_model(cfg.model.path))
+    killed: list[int] = []
+
+    def chaos():
+        _after_step(cfg.run_dir, 2, pool.workers[0])
+        killed.extend(_learner_pids())
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+
+    thread = threading.Thread(target=chaos, daemon=True)
+    try:
+        before = ray.get(pool.workers[0].pid.remote())
+        thread.start()
+        train(cfg, pool=pool)
+        thread.join(timeout=5)
+        after = ray.get(pool.workers[0].pid.remote())
+    finally:
+        pool.shutdown()
+    assert killed and before == after  # the learner died; the engine was left alone
+    _check_complete(cfg.run_dir)

@@ -267,3 +267,13 @@ def test_the_probe_runs_on_a_bfloat16_lora_base(builtin_model_path, monkeypatch)
     _one_step(policy, integrity, cfg.learner.lr)
     engine.load_weights(merged_stream(builtin_model_path, dict(policy.named_tensors_for_sync()), policy.lora_scaling))
     assert _gap(engine, integrity, policy) < integrity.band
+
+
+def test_the_probe_gap_of_non_finite_log_probs_fails_instead_of_hiding():
+    """A broken engine's NaN log-prob is an infinite gap (the check fails and the metric stays comparable, which a
+    NaN mean would not); the same -inf on both sides is none."""
+    inf = float("inf")
+    assert probe_gap([[[-1.0, -inf]]], [[-1.0, -inf]]) == (0.0, 0.0, 0)
+    mean, largest, engine = probe_gap([[[-1.0, -2.0]], [[float("nan"), -2.0]]], [[-1.0, -2.5]])
+    assert mean == largest == inf and engine == 1
+    assert probe_gap([[[-1.0, -inf]]], [[-1.0, -3.0]])[0] == inf
