@@ -93,6 +93,9 @@ def _train_loop(config: dict[str, Any]) -> None:
         named = policy.named_tensors_for_sync(on_device)
         if rank == 0:
             sender.push(named, start)
+            # The streaming pipeline sends them now: its calls carry no weights, and engines left on the base
+            # model's version would return every group past the staleness bound, to be dropped and sent again.
+            feed.publish()
     elif cfg.run.eval_at_start:
         startup.mark(f"learner {rank}", "step-0 evaluation starts")
         m = evaluate(feed, policy, config["eval_rows"], cfg, seed=-1, pad_id=pad_id)

@@ -122,3 +122,22 @@ def test_a_killed_learner_in_a_stream_run_restarts_and_trains_no_prompt_twice(lo
         pool.shutdown()
     assert killed and before == after  # the learner died; the engine was left alone
     _check_complete(cfg.run_dir)
+
+
+def test_a_killed_driver_of_a_stream_run_resumes_and_trains_no_prompt_twice(tmp_path):
+    """`agentrl-ray train` of a stream run SIGKILLed with everything it started once checkpoint 3 is committed (groups
+    of the next steps in flight); `run.resume=true` in a new process gives the engines the checkpoint's weights and
+    version at once (else every group would come back past the bound, be dropped and sent again, for ever), sends
+    the slots checkpoint 3 had not consumed again and completes the run: each step once, no prompt trained twice."""
+    import subprocess
+    import sys
+
+    from test_chaos import kill_the_driver_once_committed
+
+    cli = [sys.executable, "-m", "agentrl_ray.cli", "train", "examples/longtail/config.yaml"]
+    cli += _overrides(tmp_path, "driver")
+    run_dir = tmp_path / "driver"
+    env = kill_the_driver_once_committed(cli, tmp_path, run_dir, "checkpoint_000003", STEPS)
+    done = subprocess.run([*cli, "run.resume=true"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    _check_complete(run_dir)
