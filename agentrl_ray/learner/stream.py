@@ -36,7 +36,7 @@ from ray.exceptions import GetTimeoutError
 from agentrl_ray.config import Config
 from agentrl_ray.learner.feed import PromptSampler, keep_varied
 from agentrl_ray.rollout.recovery import ActorFailed, lost_to_an_actor
-from agentrl_ray.types import RolloutTimings, TrajectoryGroup
+from agentrl_ray.types import RolloutTimings, RunStopped, TrajectoryGroup
 
 log = logging.getLogger("agentrl_ray")
 
@@ -48,6 +48,7 @@ class StreamFeed:
         self.pool, self.sender, self.sampler, self.cfg = pool, sender, sampler, cfg
         self.per_step = cfg.rollout.prompts_per_step
         self.k = cfg.sync.max_staleness
+        self.window = max(1, self.k) * self.per_step  # slots out beyond those consumed (`_issue`)
         self.next_slot = 0  # the lowest slot never issued
         self.base = 0  # every slot below it is consumed
         self.consumed_ahead: set[int] = set()  # consumed slots at or above `base`
@@ -80,6 +81,12 @@ class StreamFeed:
             seen += 1
             if version - group.min_policy_version > self.k:
                 stale += 1
+                if stale > 2 * self.window:  # every group out came back stale, twice over: it never ends
+                    raise RunStopped(
+                        f"step {step}: {stale} groups in a row came back more than sync.max_staleness={self.k} "
+                        f"versions behind weights {version} (the last from version {group.min_policy_version}): the "
+                        "engines do not get the learner's weights. Stopping rather than regenerating for ever"
+                    )
             elif filtering and not keep_varied([group]):
                 filtered += 1
             else:
@@ -143,7 +150,7 @@ class StreamFeed:
         slots plus as many as were dropped or filtered)."""
         consumed = self.base + len(self.consumed_ahead)
         dropped = consumed - self.counts["trained_groups"]
-        end = min(consumed + max(1, self.k) * self.per_step, self.cfg.run.steps * self.per_step + dropped)
+        end = min(consumed + self.window, self.cfg.run.steps * self.per_step + dropped)
         while self.next_slot < end:
             slot, self.next_slot = self.next_slot, self.next_slot + 1
             if slot not in self.consumed_ahead:

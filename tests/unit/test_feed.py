@@ -186,3 +186,32 @@ def test_the_stream_feed_keeps_k_steps_out_and_resumes_without_training_a_slot_t
     seeds = {slot: cfg.run.seed * 100003 + 7919 * slot for slot in range(40)}
     assert seeds[3] not in issued and seeds[0] not in issued and seeds[1] not in issued
     assert {seeds[2], seeds[4], seeds[10]} <= issued and seeds[11] not in issued
+
+
+def test_the_stream_feed_stops_when_every_group_comes_back_stale():
+    """Engines that never get the learner's weights (a resume bug once did that) return every group past the bound:
+    the feed drops and regenerates, then stops with a line naming the bound instead of regenerating for ever."""
+    from builders import trajectory
+
+    from agentrl_ray.learner.stream import StreamFeed
+    from agentrl_ray.types import RunStopped
+
+    cfg = load_config(None, ["sync.pipeline=stream", "sync.max_staleness=2", "rollout.prompts_per_step=4"])
+    feed = StreamFeed(_StreamPool(workers=2), sender=None, sampler=PromptSampler(ROWS * 10, 4, seed=0), cfg=cfg)
+    returned = []
+
+    def back_from_version_0():  # what `_wait` puts back: the next slot out, sampled by weights 0
+        slot = len(returned)
+        returned.append(slot)
+        feed.back[slot] = (TrajectoryGroup(f"p{slot}", [trajectory(f"p{slot}", policy_version=0)]), RolloutTimings())
+
+    feed._wait = back_from_version_0
+    with pytest.raises(RunStopped, match=r"more than sync.max_staleness=2 versions behind weights 5"):
+        feed.take(5, version=5)
+    assert len(returned) == 2 * 2 * 4 + 1  # twice the slots out, dropped and regenerated, then the stop
+    fresh = StreamFeed(_StreamPool(workers=2), sender=None, sampler=PromptSampler(ROWS * 10, 4, seed=0), cfg=cfg)
+    fresh._wait = lambda: fresh.back.setdefault(
+        len(fresh.back) + fresh.base, (TrajectoryGroup("q", [trajectory("q", policy_version=4)]), RolloutTimings())
+    )
+    groups, _, stats = fresh.take(5, version=5)  # within the bound: taken
+    assert len(groups) == 4 and stats["rollout/stale_dropped"] == 0
