@@ -113,10 +113,11 @@ class ParsedTurn:
 _SNIPPET = 80  # characters of a bad block quoted back in its error message
 
 
-def parse_tool_calls(text: str) -> ParsedTurn:
+def parse_tool_calls(text: str, parse_block=None) -> ParsedTurn:
     """All tool calls of one assistant turn, in order, with one error per malformed block.
 
-    A block runs from a `<tool_call>` to the first `</tool_call>` after it. The scan is linear: each search starts
+    A block runs from a `<tool_call>` to the first `</tool_call>` after it; `parse_block` reads its body (default:
+    hermes JSON; Qwen3's XML in `rollout/tool_format.py`). The scan is linear: each search starts
     where the last one ended, and once an opening tag has no closing tag after it, none later can have one either
     (a lazy regex retried that search from every later opening tag, quadratic in a turn that repeats the tag).
     """
@@ -133,7 +134,7 @@ def parse_tool_calls(text: str) -> ParsedTurn:
             turn.errors.append(f"unclosed {TOOL_CALL_OPEN} tag (no {TOOL_CALL_CLOSE} after: {snippet})")
             pos = len(text)
             break
-        call, error = _parse_block(text[body_start:end])
+        call, error = (parse_block or _parse_block)(text[body_start:end])
         if call is not None:
             turn.calls.append(call)
         else:

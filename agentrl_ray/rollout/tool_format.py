@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl_ray.chat_format import (
-    TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
     ParsedTurn,
     Segment,
@@ -111,27 +110,10 @@ _PARAMETER_OPEN, _PARAMETER_CLOSE = "<parameter=", "</parameter>"
 
 
 def parse_qwen3_xml(text: str) -> ParsedTurn:
-    """Qwen3-Coder calls: `<tool_call>` blocks (found as `chat_format` finds hermes blocks), each holding one
+    """Qwen3-Coder calls: `<tool_call>` blocks (found by `chat_format.parse_tool_calls`), each holding one
     `<function=NAME>` of `<parameter=KEY>` values. A value is the template's raw text: a JSON object or array is
     read as one, anything else stays a string, which the env host types by the tool's signature ("3" -> 3)."""
-    turn = ParsedTurn()
-    outside, pos = [], 0
-    while (start := text.find(TOOL_CALL_OPEN, pos)) >= 0:
-        outside.append(text[pos:start])
-        end = text.find(TOOL_CALL_CLOSE, start)
-        if end < 0:
-            turn.errors.append(f"unclosed {TOOL_CALL_OPEN} tag (no {TOOL_CALL_CLOSE} after: {_snip(text[start:])})")
-            pos = len(text)
-            break
-        call, error = _xml_call(text[start + len(TOOL_CALL_OPEN) : end])
-        if call is not None:
-            turn.calls.append(call)
-        else:
-            turn.errors.append(error)
-        pos = end + len(TOOL_CALL_CLOSE)
-    outside.append(text[pos:])
-    turn.content = "".join(outside).strip()
-    return turn
+    return parse_tool_calls(text, _xml_call)
 
 
 def _xml_call(body: str) -> tuple[ToolCall | None, str]:
