@@ -32,7 +32,7 @@ def load_rows(spec: str, cfg: DataConfig, *, split: str, size: int) -> list[dict
 
         rows = make_grid_rows(size, cfg.seed, split)
     else:
-        rows = _load_file_or_dataset(spec, split)[:size]
+        rows = _load_file_or_dataset(spec, split, cfg.make)[:size]
     return [_check_row(row, i, spec, cfg.prompt_column) for i, row in enumerate(rows)]
 
 
@@ -62,8 +62,10 @@ def verifiers_rows(spec: str, split: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _load_file_or_dataset(spec: str, split: str) -> list[dict[str, Any]]:
+def _load_file_or_dataset(spec: str, split: str, make: str = "") -> list[dict[str, Any]]:
     path = Path(spec).expanduser()
+    if not path.exists() and make:
+        raise ConfigError(f"dataset {spec!r} does not exist: write it first with `{make}` (the config's data.make)")
     if not path.exists():
         raise ConfigError(
             f"dataset {spec!r} does not exist "

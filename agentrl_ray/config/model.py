@@ -58,6 +58,9 @@ class DataConfig:
     """The column holding the prompt (a string, or a list of chat messages)."""
     seed: int = 0
     """Seed of the built-in data generator."""
+    make: str = ""
+    """The command that writes data.train and data.eval (e.g. python examples/bfcl/make_data.py): a missing file's
+    error names it."""
 
     def check(self) -> None:
         need(self.eval_size >= 1, "data.eval_size must be at least 1")

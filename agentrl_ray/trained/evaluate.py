@@ -15,6 +15,7 @@ every conversation as OpenAI-style messages. With the defaults (the run's eval s
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -107,10 +108,12 @@ def add_arguments(p) -> None:
     p.add_argument("--temperature", type=float, help="default: the run's rollout.eval_temperature")
     p.add_argument("--seed", type=int, help="default: -1 - step, the seed of the run's own evaluation at that step")
     p.add_argument("--out", help="output folder (default: RUN/eval_<step>/)")
+    p.add_argument("-v", "--verbose", action="store_true", help="show Ray's, vLLM's and torch's output here")
 
 
 def main(args) -> int:
     from agentrl_ray.config import ConfigError
+    from agentrl_ray.infra import console
 
     config = None
     if args.config:
@@ -119,16 +122,25 @@ def main(args) -> int:
         config = load_config(args.config, args.checkpoint)
     elif len(args.checkpoint) != 1:
         raise ConfigError("give one checkpoint (or a run folder), or --config CONFIG.yaml [key=value ...]")
-    report = evaluate_checkpoint(
-        None if config else args.checkpoint[0],
-        config=config,
-        data=args.data,
-        size=args.size,
-        samples=args.samples,
-        temperature=args.temperature,
-        seed=args.seed,
-        out=args.out,
-    )
+    if args.out:
+        log = Path(args.out) / "log.txt"
+    elif config is not None:
+        log = config.run_dir / "eval_model" / "log.txt"
+    else:
+        from agentrl_ray.trained.checkpoints import find_checkpoint
+
+        log = find_checkpoint(args.checkpoint[0]).run_dir / "eval_log.txt"  # a bad path: one line, nothing started
+    with contextlib.nullcontext() if args.verbose else console.quiet(log, "Ray, vLLM and torch"):
+        report = evaluate_checkpoint(
+            None if config else args.checkpoint[0],
+            config=config,
+            data=args.data,
+            size=args.size,
+            samples=args.samples,
+            temperature=args.temperature,
+            seed=args.seed,
+            out=args.out,
+        )
     lo, hi = report["pass@1_ci95"]
     passes = " ".join(f"{k} {v:.3f}" for k, v in report.items() if k.startswith("pass@") and not k.endswith("ci95"))
     print(

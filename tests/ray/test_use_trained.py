@@ -92,6 +92,24 @@ def _agreeing_prefix(a, b):
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def _eval_in_a_terminal(run_dir, out):
+    import subprocess
+
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    cmd = [sys.executable, "-m", "agentrl_ray.cli", "eval", str(run_dir), "--out", str(out)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = [line for line in (res.stdout + res.stderr).splitlines() if line.strip()]
+    log = out / "log.txt"
+    assert lines[0] == f"agentrl-ray: the output of Ray, vLLM and torch goes to {log} (--verbose shows it here)"
+    result = [line for line in lines[1:] if not line.startswith("agentrl-ray: ")]  # our warnings may come too
+    assert len(result) == 1 and result[0].startswith("16 prompts x 2 samples: pass@1 "), lines
+    assert log.is_file()
+    return json.loads((out / "report.json").read_text())
+
+
 @pytest.mark.parametrize(
     "name", [pytest.param("full", marks=pytest.mark.long), pytest.param("lora", marks=pytest.mark.integration)]
 )
@@ -99,7 +117,10 @@ def test_eval_reproduces_run_then_exports_round_trip(runs, name, tmp_path, capsy
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run_dir, metrics = runs[name]
-    report = evaluate_checkpoint(run_dir, out=tmp_path / "eval")
+    if name == "full":  # as a user types it: the console shows our lines only, Ray's and vLLM's go to the log
+        report = _eval_in_a_terminal(run_dir, tmp_path / "eval")
+    else:
+        report = evaluate_checkpoint(run_dir, out=tmp_path / "eval")
     assert report["step"] == 4 and report["prompts"] == 16 and report["samples_per_prompt"] == 2
     # Same rows, temperature, seed, workers and weights as the run's final evaluation: the same samples.
     assert report["success"] == metrics["eval/success"]

@@ -299,6 +299,21 @@ def test_train_with_unimportable_user_code_fails_before_ray(tmp_path, override, 
     assert not (tmp_path / "calculator").exists()  # nothing written for a run that never started
 
 
+def test_an_example_whose_data_is_not_written_yet_names_the_command_that_writes_it(tmp_path):
+    from agentrl_ray.infra.profiles import load_config
+
+    for config in sorted((ROOT / "examples").glob("*/*.yaml")):
+        data = load_config(str(config), []).data
+        if not data.train.startswith("builtin:"):  # a file: the example's make_data.py writes it
+            assert data.make.startswith(f"python examples/{config.parent.name}/make_data.py"), config
+    res = cli("train", "examples/bfcl/config.yaml", f"data.train={tmp_path}/t.jsonl", f"run.output_dir={tmp_path}")
+    line = one_line_error(res)
+    assert line == (
+        f"agentrl-ray: data.train: dataset '{tmp_path}/t.jsonl' does not exist: write it first with "
+        "`python examples/bfcl/make_data.py` (the config's data.make)"
+    ), line
+
+
 def test_train_with_a_user_module_that_raises_names_its_line(tmp_path):
     (tmp_path / "broken_env.py").write_text("import json\n\nraise RuntimeError('half-written env')\n")
     res = cli(

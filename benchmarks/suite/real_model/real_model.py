@@ -100,6 +100,50 @@ def plot(records: list[dict], steps: list[dict], title: str, path: Path) -> None
     fig.savefig(path, dpi=110)
 
 
+def self_warm_start(args, config: str, cli: str, common: list[str], out: Path, result: dict, done: dict) -> Path:
+    """Phases `sample` and `distill` of `--warm-start self` (self_distill.py); returns the SFT folder they make."""
+    import random
+
+    from suite.real_model.self_distill import distill
+
+    if args.task != "bfcl":
+        raise SystemExit("--warm-start self reads BFCL's calls: use it with the bfcl task")
+    lines = (out / "data" / "train_ast.jsonl").read_text().splitlines(keepends=True)
+    random.Random(0).shuffle(lines)  # the categories come one after another in the file
+    rows = out / "data" / "train_ast_shuffled.jsonl"
+    rows.write_text("".join(lines))
+    if "sample" not in done:
+        result["phases"]["sample"] = phase(
+            "sample",
+            [
+                cli, "eval", "--config", config, *common, f"model.path={args.model}", "--data", str(rows),
+                "--size", str(args.sample_rows), "--samples", str(args.samples), "--temperature", "1.0",
+                "--seed", "7", "--out", str(out / "sample"),
+            ],
+            out,
+        )  # fmt: skip
+        (out / "phases.json").write_text(json.dumps(result["phases"], indent=2))
+    folder = out / "sft_self"
+    result["distill"] = distill(out / "sample" / "transcripts.jsonl", rows, folder)
+    print(f"[distill] {json.dumps(result['distill'])}", flush=True)
+    return folder
+
+
+def lenient_report(transcripts: Path, rows_file: Path) -> dict:
+    """Per category, the share of answers BFCL accepts when fenced JSON calls count (self_distill.lenient_calls)."""
+    from suite.real_model.self_distill import lenient_verdict
+
+    rows = {str(r["id"]): r for r in map(json.loads, rows_file.read_text().splitlines())}
+    tally: dict[str, list[int]] = {}
+    for record in map(json.loads, transcripts.read_text().splitlines()):
+        row = rows[str(record["id"])]
+        answer = next((m.get("content") or "" for m in record["messages"] if m["role"] == "assistant"), "")
+        t = tally.setdefault(row["category"], [0, 0])
+        t[0] += lenient_verdict(answer, row)
+        t[1] += 1
+    return {c: {"pass@1": a / n, "samples": n} for c, (a, n) in sorted(tally.items())}
+
+
 def main(argv: list[str], prog: str) -> int:
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("task", choices=["bfcl", "gsm_tools"])
@@ -129,6 +173,21 @@ def main(argv: list[str], prog: str) -> int:
     p.add_argument("--sft-lr", type=float, default=1e-4)
     p.add_argument(
         "--sft-batch-size", type=int, default=8, help="2 for the 0.5B model: its 152k-token head's logits at 8 x 1,024"
+    )
+    p.add_argument(
+        "--warm-start",
+        choices=["reference", "self"],
+        default="reference",
+        help="SFT on the train split's reference answers, or on the model's own answers that BFCL accepts read "
+        "leniently, written back as calls (self_distill.py; BFCL only)",
+    )
+    p.add_argument("--sample-rows", type=int, default=300, help="--warm-start self: shuffled train rows sampled")
+    p.add_argument("--samples", type=int, default=4, help="--warm-start self: samples per row, at temperature 1")
+    p.add_argument(
+        "--final-samples",
+        type=int,
+        default=0,
+        help="also score the trained model with K samples a row at temperature 1 (its last checkpoint; 0: skip)",
     )
     p.add_argument("--lora", action="store_true", help="RL with profile=lora (adapters) instead of a full fine-tune")
     p.add_argument("--skip-untrained", action="store_true")
@@ -186,7 +245,9 @@ def main(argv: list[str], prog: str) -> int:
     if (out / "untrained" / "report.json").is_file():
         result["untrained"] = json.loads((out / "untrained" / "report.json").read_text())
     sft_source = data / "sft"
-    if args.sft_rows and "sft" not in done:
+    if args.warm_start == "self":
+        sft_source = self_warm_start(args, config, cli, common, out, result, done)
+    elif args.sft_rows and "sft" not in done:
         from datasets import load_from_disk
 
         sft_source = out / f"sft_{args.sft_rows}"
@@ -230,12 +291,31 @@ def main(argv: list[str], prog: str) -> int:
         "run.checkpoint_every=0",
         *(["profile=lora"] if args.lora else []),
         *args.overrides,
+        *(["run.resume=true"] if args.resume and any((out / "rl").glob("checkpoint_*")) else []),
     ]
     result["phases"]["rl"] = phase("rl", rl, out, progress=out / "rl" / "metrics.jsonl")
     metrics = out / "rl" / "metrics.jsonl"
     records = eval_rows(metrics)
     steps = [r for r in map(json.loads, metrics.read_text().splitlines()) if "time/step_s" in r]
     result["evals"] = records
+    if args.final_samples:
+        sampled = out / "rl" / "eval_sampled"
+        result["phases"]["sampled"] = phase(
+            "sampled",
+            [
+                cli,
+                "eval",
+                str(out / "rl"),
+                "--samples",
+                str(args.final_samples),
+                "--temperature",
+                "1.0",
+                "--out",
+                str(sampled),
+            ],
+            out,
+        )
+        result["trained_sampled"] = json.loads((sampled / "report.json").read_text())
     result["warm"], result["trained"] = records[0], records[-1]
     step_times = [s["time/step_s"] for s in steps if "time/step_s" in s]
     result["step_s_median"] = sorted(step_times)[len(step_times) // 2] if step_times else None
@@ -253,6 +333,9 @@ def main(argv: list[str], prog: str) -> int:
             )
         if "untrained" in result:
             result["untrained_ast_pooled"] = pooled(result["untrained"], ast)
+            transcripts = out / "untrained" / "transcripts.jsonl"
+            if transcripts.is_file():  # the same answers read leniently: fenced JSON calls count (self_distill.py)
+                result["untrained_lenient"] = lenient_report(transcripts, data / "eval.jsonl")
     label = args.label or args.task
     dest = default_out("real_model", label=label)  # results_path.py: <label>-<date>-<machine>.json
     dest.parent.mkdir(parents=True, exist_ok=True)

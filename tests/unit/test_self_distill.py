@@ -1,0 +1,77 @@
+"""The self-distilled warm start (benchmarks/suite/real_model/self_distill.py): answers read leniently (fenced JSON
+calls count), only the ones BFCL's check accepts kept, written back as structured calls."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def sd(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    from suite.real_model import self_distill
+
+    return self_distill
+
+
+def test_fenced_json_objects_and_lists_are_calls_and_tool_call_blocks_win(sd):
+    text = 'Here:\n```json\n{"name": "f", "arguments": {"a": 1}}\n```\nthen\n```\n[{"name": "g", "parameters": {}}]\n'
+    text += "```"
+    assert sd.lenient_calls(text) == [("f", {"a": 1}), ("g", {})]
+    assert sd.lenient_calls('```json\n{"name": "f", "arguments": "{\\"a\\": 2}"}\n```') == [("f", {"a": 2})]
+    tagged = '<tool_call>\n{"name": "h", "arguments": {}}\n</tool_call>\n```json\n{"name": "f", "arguments": {}}\n```'
+    assert sd.lenient_calls(tagged) == [("h", {})]
+    for broken in ("```", "```json\n{not json}\n```", '```json\n{"arguments": {}}\n```', "```json\n[1, 2]\n```", ""):
+        assert sd.lenient_calls(broken) == [], broken
+
+
+def test_a_long_run_of_fences_is_read_in_one_pass(sd):
+    assert sd.fenced_blocks("```\n" * 20_001) == ["" for _ in range(10_000)]
+
+
+def _row(i: int, category: str, value: int) -> dict:
+    doc = {"name": "f", "description": "", "parameters": {"type": "dict", "properties": {"x": {"type": "integer"}}}}
+    return {
+        "id": f"{category}_{i}",
+        "category": category,
+        "prompt": [{"role": "user", "content": f"call f with {value}"}],
+        "tools": [{"type": "function", "function": {**doc, "parameters": {**doc["parameters"], "type": "object"}}}],
+        "functions": json.dumps([{**doc, "required": ["x"]}]),
+        "ground_truth": json.dumps([{"f": {"x": [value]}}]),
+    }
+
+
+def _record(row: dict, sample: int, answer: str) -> dict:
+    return {"id": row["id"], "sample": sample, "messages": [*row["prompt"], {"role": "assistant", "content": answer}]}
+
+
+def test_only_accepted_answers_are_kept_once_a_task_as_structured_calls(sd, tmp_path):
+    from datasets import load_from_disk
+
+    rows = [_row(0, "simple_python", 3), _row(1, "simple_python", 4)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def fenced(x):
+        return f'```json\n{{"name": "f", "arguments": {{"x": {x}}}}}\n```'
+
+    records = [
+        _record(rows[0], 0, fenced(3)),
+        _record(rows[0], 1, fenced(3)),  # a second accepted answer to the same task: not kept
+        _record(rows[1], 0, fenced(5)),  # wrong value
+        _record(rows[1], 1, "no call"),
+    ]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    counts = sd.distill(tmp_path / "t.jsonl", tmp_path / "rows.jsonl", tmp_path / "sft")
+    assert counts["rows"] == 1 and counts["accepted_samples"] == {"simple_python": 2}
+    assert counts["sampled_lenient_pass"] == 0.5
+    (only,) = load_from_disk(str(tmp_path / "sft"))
+    assert only["id"] == "simple_python_0" and only["messages"][0]["content"] == "call f with 3"
+    answer = only["messages"][-1]
+    assert answer["role"] == "assistant" and answer["content"] == ""
+    assert [json.loads(c["function"]["arguments"]) for c in answer["tool_calls"]] == [{"x": 3}]
+    assert json.loads(only["tools"]) == rows[0]["tools"]
