@@ -23,12 +23,13 @@ TOOLS_HEADER = (
     "\n\n# Tools\n\nYou can call these functions. Their JSON schemas, one per line, are inside <tools></tools>:\n"
     "<tools>"
 )
+# How to call, without an example call: a small model copies an example's placeholder name verbatim (SmolLM2 after a
+# 32-row warm start called "function_name", docs/history/real_model.md).
 TOOLS_FOOTER = (
-    "\n</tools>\n\nTo call a function, write one block per call, each with a JSON object of the function's name and "
-    "arguments:\n<tool_call>\n"
-    '{"name": "function_name", "arguments": {"argument": "value"}}\n'
-    "</tool_call>\nThe results come back inside <tool_response></tool_response>. Without a suitable function, answer "
-    "in plain text."
+    "\n</tools>\n\nTo call a function, write one block per call: <tool_call>, a new line, a JSON object whose "
+    '"name" is the function\'s name exactly as listed above and whose "arguments" is an object of its arguments, a '
+    "new line, </tool_call>.\nThe results come back inside <tool_response></tool_response>. Without a suitable "
+    "function, answer in plain text."
 )
 
 _TEMPLATE = """\

@@ -153,8 +153,12 @@ def gguf_file(spec: str) -> Path:
 
 def ensure_gguf_model(gguf: Path, name: str, cache_root: Path) -> Path:
     """The Hugging Face folder converted from `gguf`, converted on first use (~25 s for SmolLM2-135M on 2 cores)."""
+    from agentrl_ray.builtin.chat_template import chatml_tool_template
+
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.name}/{stat.st_size}/{_head_hash(gguf)}".encode()).hexdigest()[:12]
+    # The tool template the conversion may write into the folder is part of the key: a changed template converts anew.
+    template = hashlib.sha256(chatml_tool_template("").encode()).hexdigest()
+    key = hashlib.sha256(f"{gguf.name}/{stat.st_size}/{_head_hash(gguf)}/{template}".encode()).hexdigest()[:12]
     return build_once(cache_root / "models" / f"{name}-{key}", lambda tmp: convert(gguf, tmp))
 
 
