@@ -15,6 +15,14 @@ name their CPU only "AMD EPYC" (`epyc-f25m17` is a Zen 4); `unknown` where neith
 `with_meta` puts a `meta` object first in the result: `commit` (HEAD, `-dirty` when tracked files differ from it;
 `unknown` outside a git checkout), `command` (as typed, through benchmarks/run.py when it started the benchmark),
 `machine` (the tag above), `date` (UTC) and `summary`, the result in one line, which the benchmark writes.
+
+The results stored before `meta` existed say where they come from in the same keys. Their `commit` is
+`added in <40-hex sha>`: the commit that added the file's numbers (its first commit, renames followed; or the later
+one that measured them again), whose tree, or the code just before it, made them (a label such as `-round7-code` or
+`-before` names older code). Their `command` was rebuilt from what the JSON records (settings, args) or the docs give
+beside it, written as typed through the harness today, or as the old script's command where the recorded arguments
+are no longer all the mode's; `unrecorded` where no evidence gives it (tests/unit/test_benchmarks_harness.py lists
+those). Their `summary` was written from the file's own numbers.
 """
 
 from __future__ import annotations

@@ -159,14 +159,98 @@ def test_every_stored_result_is_in_the_one_tree_named_by_mode_date_and_machine(r
         assert named.search(name), path
 
 
+# The stored results whose command no evidence gives (docs/benchmarks.md, "Results"): each keeps "unrecorded", and
+# only these may. A command found later comes off this list, and the test says so.
+LT, TP = "learner_throughput/", "throughput/steps-3-threads-"
+COMMAND_UNRECORDED = {
+    "a tests/gpu record: docs/gpu_checks.md names the test, not the command line it ran under": [
+        "gpu_tests/gpu_e2e-train-torch-2026-11-26-h100.json"
+    ],
+    "GPU round 1: learner_speed.md's commands differ from what ran (variants skipped by --budget-s, 3-4 steps)": [
+        LT + name
+        for name in (
+            "05b-2026-11-26-h100.json",
+            "05b-compiled-2026-11-26-h100.json",
+            "05b-ragged-2026-11-26-h100.json",
+            "15b-2026-11-26-h100.json",
+        )
+    ],
+    "no command in the docs, now or at the commit that added it, has its variants, steps and paired levers": [
+        LT + name
+        for name in (
+            "05b-cudagraphs-2026-11-27-h200.json",
+            "issue33-learner_keep-05b-full_step-after-2026-11-26-epyc.json",
+            "issue33-learner_keep-05b-full_step-before-2026-11-26-epyc.json",
+            "issue33-learner_keep-05b-quarter_compile-2026-11-26-epyc.json",
+            "issue33-round10-learner-attn-math-profile-2026-11-27-epyc.json",
+            "issue33-round10-learner-attn-paired-run_allocator-2026-11-27-epyc.json",
+            "issue33-round10-learner-attn-sdpa-profile-2026-11-27-epyc.json",
+            "issue33-round10-learner-compile-stack-cpu-05b-lora-2026-11-27-epyc.json",
+            "issue33-round11-learner-fuse-cpu-05b-lorabf16-2026-11-27-epyc.json",
+            "issue33-round11-learner-fuse-rss-cpu-05b-lorabf16-2026-11-28-epyc.json",
+            "issue33-round4-hugepages-quarter_glibc_defaults-2026-11-27-epyc.json",
+            "issue33-round4-hugepages-quarter_run_allocator-2026-11-27-epyc.json",
+            "issue33-round4-hugepages-quarter_run_allocator_hugepages-2026-11-27-epyc.json",
+            "issue33-round6-learner_paired_scatter-quarter-2026-11-27-epyc.json",
+            "issue33-round6-learner_paired_scatter-quarter-compiled-2026-11-27-epyc.json",
+            "issue33-round9-learner-compile-static-cpu-2026-11-27-epyc.json",
+            "issue33-round9-learner-shared_prefix-paired-glibc-2026-11-27-epyc.json",
+            "issue55-round24-quarter-profile-2026-12-02-xeon-f6m167.json",
+            "issue55-round25-quarter-mb2-2026-12-05-xeon-f6m167.json",
+            "issue55-round25-quarter-mb4-2026-12-05-xeon-f6m167.json",
+            "issue55-round25-quarter-mb8-2026-12-05-xeon-f6m167.json",
+        )
+    ],
+    "the run's thread-count and model overrides: neither recorded nor given by the docs": [
+        TP + name + "-2026-11-23-unknown.json"
+        for name in (
+            "small-onpolicy",
+            "small-overlap-1-1",
+            "small-overlap-1-1-passive",
+            "small-overlap-2-1",
+            "small-overlap-2-1-passive",
+            "small-overlap-2-2-passive",
+            "tiny-onpolicy-passive",
+            "tiny-overlap-1-1",
+            "tiny-overlap-2-1-passive",
+            "tiny-overlap-2-2-passive",
+        )
+    ],
+    "composed by hand from separate invocations (the runs' notes say which): no one command made it": [
+        "trl_side_by_side/issue33-round17-qwen05b-lora-8x8x256-bf16-interleaved-2026-11-28-epyc-f25m17.json",
+        "trl_side_by_side/issue33-round18-qwen05b-lora-8x8x256-bf16-3pairs-2026-11-29-epyc-f25m17.json",
+    ],
+}
+# with_meta's HEAD (-dirty) or unknown; "added in <sha>" for a result stored before meta existed; the short hash
+# (+changes) a few of those recorded themselves.
+COMMIT = re.compile(r"(added in )?[0-9a-f]{40}(-dirty)?|unknown|[0-9a-f]{7}(\+changes)?")
+
+
+def _stored_metas() -> dict[str, object]:
+    return {
+        path: json.loads((ROOT / path).read_text()).get("meta")
+        for path in _tracked("benchmarks/results")
+        if path.endswith(".json") and "/_retired/" not in path
+    }
+
+
 def test_every_result_json_outside_retired_records_how_it_was_made():
     missing = []
-    for path in _tracked("benchmarks/results"):
-        if path.endswith(".json") and "/_retired/" not in path:
-            meta = json.loads((ROOT / path).read_text()).get("meta")
-            if not isinstance(meta, dict) or set(meta) != META_KEYS or any(type(v) is not str for v in meta.values()):
-                missing.append(path)
+    for path, meta in _stored_metas().items():
+        if not isinstance(meta, dict) or set(meta) != META_KEYS or any(type(v) is not str for v in meta.values()):
+            missing.append(path)
     assert not missing, missing
+
+
+def test_every_stored_result_says_its_summary_and_commit_and_its_command_unless_listed():
+    excepted = {f"benchmarks/results/{name}" for names in COMMAND_UNRECORDED.values() for name in names}
+    metas = _stored_metas()
+    assert excepted <= set(metas), sorted(excepted - set(metas))
+    assert [p for p, m in metas.items() if m["summary"] == "unrecorded" or not m["summary"].strip()] == []
+    assert [p for p, m in metas.items() if not COMMIT.fullmatch(m["commit"])] == []
+    unrecorded = {p for p, m in metas.items() if m["command"] == "unrecorded"}
+    assert unrecorded - excepted == set(), "no command and not in COMMAND_UNRECORDED"
+    assert excepted - unrecorded == set(), "a command was found: take these off COMMAND_UNRECORDED"
 
 
 def test_meta_names_commit_command_machine_date_and_summary(monkeypatch):
