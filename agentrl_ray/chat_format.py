@@ -101,6 +101,7 @@ def encode_segments(tokenizer, segments: list[Segment]) -> tuple[list[int], list
 class ToolCall:
     name: str
     arguments: dict[str, Any]
+    id: str = ""  # the id the model wrote for the call, where its format has one (Mistral's)
 
 
 @dataclass
@@ -108,6 +109,7 @@ class ParsedTurn:
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     content: str = ""  # the text outside the tool-call blocks
+    reasoning: str = ""  # text its format marks as reasoning, apart from the content (gpt-oss's analysis channel)
 
 
 _SNIPPET = 80  # characters of a bad block quoted back in its error message
@@ -164,18 +166,25 @@ def _parse_block(body: str) -> tuple[ToolCall | None, str]:
         return None, f"tool call JSON cannot be read ({e}): {_snip(body)}"
     if not isinstance(obj, dict):
         return None, f'tool call must be a JSON object {{"name": ..., "arguments": {{...}}}}, got: {_snip(body)}'
-    name = obj.get("name")
+    return call_from_json(obj)
+
+
+def call_from_json(obj: Any, keys: tuple[str, ...] = ("arguments",)) -> tuple[ToolCall | None, str]:
+    """A decoded JSON call as a ToolCall, or None and the error: a "name" string, and the arguments under the first of
+    `keys` the object has (none: no arguments), a JSON object or the JSON-encoded string of one (OpenAI's
+    spelling)."""
+    name = obj.get("name") if isinstance(obj, dict) else None
     if not isinstance(name, str) or not name.strip():
-        return None, f'tool call has no "name" string: {_snip(body)}'
-    arguments = obj.get("arguments", {})
+        return None, f'tool call has no "name" string: {_snip(json.dumps(obj))}'
+    key = next((k for k in keys if k in obj), keys[0])
+    arguments = obj.get(key, {})
     if isinstance(arguments, str):
-        # OpenAI-style calls carry the arguments as a JSON-encoded string; accept that spelling too.
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
-            return None, f'tool call to {name!r}: "arguments" is a string that is not a JSON object'
+            return None, f'tool call to {name!r}: "{key}" is a string that is not a JSON object'
     if not isinstance(arguments, dict):
-        return None, f'tool call to {name!r}: "arguments" must be a JSON object, got {type(arguments).__name__}'
+        return None, f'tool call to {name!r}: "{key}" must be a JSON object, got {type(arguments).__name__}'
     return ToolCall(name=name.strip(), arguments=arguments), ""
 
 

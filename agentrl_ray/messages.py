@@ -8,8 +8,10 @@ Inside a run (what reward functions receive), an assistant turn that calls tools
 
 followed by one `{"role": "tool", "name": "calculator", "tool_call_id": "call_0_0", "content": "4"}` per call:
 exactly what TRL 1.16's `GRPOTrainer` builds (`parse_response` on the sampled ids, then one tool message per call),
-with an `id`/`tool_call_id` pair added so the same messages are valid OpenAI chat messages. Arguments are a dict,
-as TRL passes them; `to_openai` writes them as the JSON string OpenAI's API uses, `from_openai` reads either.
+with an `id`/`tool_call_id` pair added so the same messages are valid OpenAI chat messages (the model's own id where
+its format has one: Mistral's). Arguments are a dict, as TRL passes them; `to_openai` writes them as the JSON string
+OpenAI's API uses, `from_openai` reads either. A turn's reasoning, where its format keeps it apart (gpt-oss's
+analysis channel), is the message's `thinking`, the key gpt-oss's chat template renders.
 
 A turn whose tool-call markup does not parse keeps its raw text as content (TRL falls back to plain text there too),
 so a measure can still see what was malformed; its well-formed calls, which ran, are listed in `tool_calls`, and the
@@ -30,9 +32,15 @@ Message = dict[str, Any]
 def assistant_message(text: str, parsed: ParsedTurn, turn: int) -> Message:
     """The structured message of one sampled assistant turn (`parsed` is `parse_tool_calls(text)`)."""
     message: Message = {"role": "assistant", "content": text if parsed.errors else parsed.content}
+    if parsed.reasoning and not parsed.errors:
+        message["thinking"] = parsed.reasoning  # the key gpt-oss's chat template renders as its analysis channel
     if parsed.calls:
         message["tool_calls"] = [
-            {"id": f"call_{turn}_{i}", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            {
+                "id": c.id or f"call_{turn}_{i}",  # the model's own, where it wrote one: its results name it
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
             for i, c in enumerate(parsed.calls)
         ]
     return message

@@ -28,11 +28,12 @@ class RolloutConfig:
     """Prompts per optimizer step."""
     max_turns: int = 3
     """Assistant turns per episode."""
-    tool_format: Literal["auto", "hermes", "llama3_json", "qwen3_xml"] = "auto"
+    tool_format: Literal["auto", "hermes", "llama3_json", "qwen3_xml", "openai", "mistral"] = "auto"
     """How the model writes tool calls and how results follow a turn (rollout/tool_format.py): hermes
     (<tool_call> JSON: Qwen2.5, SmolLM2, the built-in models), llama3_json (Llama 3.x), qwen3_xml (Qwen3-Coder,
-    Qwen3.5+); auto = read off the model's chat template. Every format but hermes frames results as the template
-    renders them."""
+    Qwen3.5+), openai (gpt-oss's harmony), mistral ([TOOL_CALLS], Mistral's tokenizers before v11); auto = read off
+    the model's chat template. llama3_json, qwen3_xml and openai frame results as the template renders them,
+    mistral as mistral_common encodes them."""
     max_tokens_per_turn: int = 48
     """Tokens the policy may generate in one turn."""
     max_total_tokens: int = 320

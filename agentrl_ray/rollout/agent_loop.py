@@ -233,8 +233,7 @@ def _after_tools(ep: Episode, tool_results: list, tokenizer, cfg: RolloutConfig,
     ep.num_tool_errors += sum(r.error for r in tool_results)
     texts, assistant = [r.text for r in tool_results], ep.messages[-1]
     ep.messages.extend(tool_messages(assistant, texts))
-    names = [c["function"]["name"] for c in assistant.get("tool_calls") or []]
-    _append_segments(ep, fmt.tool_response_segments(texts, names), tokenizer, cfg)
+    _append_segments(ep, fmt.tool_response_segments(texts, assistant.get("tool_calls")), tokenizer, cfg)
 
 
 def _after_step(ep: Episode, result, last_turn: bool, tokenizer, cfg: RolloutConfig, fmt: ToolFormat) -> None:

@@ -1,6 +1,6 @@
 """The tool-call format of the model being trained: how its turns write calls, and the tokens that follow a turn.
 
-`rollout.tool_format` names it; `auto` (the default) reads it off the model's chat template:
+`rollout.tool_format` names it (as vLLM names its tool parsers); `auto` (the default) reads it off the chat template:
 
     hermes       Qwen2.5, SmolLM2, our built-in models: <tool_call>{"name": .., "arguments": {..}}</tool_call>
                  blocks, results in <tool_response> blocks of a user turn (`chat_format`, segments written by hand)
@@ -9,15 +9,15 @@
                  results come back as `ipython` messages
     qwen3_xml    Qwen3-Coder, Qwen3.5 and later: <tool_call><function=NAME><parameter=KEY>VALUE</parameter>..
                  </function></tool_call> (vLLM's `qwen3_coder` / `qwen3_xml`)
+    openai       gpt-oss (harmony): a message to `functions.NAME` on the commentary channel, ended by <|call|>,
+                 which stops the turn; results come back as `functions.NAME to=assistant` messages (`harmony.py`)
+    mistral      Mistral before its v11 tokenizers: [TOOL_CALLS] and a JSON array of calls, each with its id;
+                 results in [TOOL_RESULTS] blocks that name it (`mistral.py`, segments written by hand after
+                 mistral_common, Mistral's reference renderer)
 
-For every format but hermes, the segments after a turn are cut from the template's own rendering, never written
-by hand (`TemplateFraming`): what `apply_chat_template` renders after the assistant's end-of-turn token once the
-environment's messages follow it, each message's content put in by the template itself (Llama's quotes a tool
-result as a JSON string; its user turns are trimmed). Those pieces are template tokens, what the template made of
-each content is environment tokens, and the joined text is checked against the template's rendering of the real
-messages: the trajectory holds, character for character, what the model sees under its own template.
-
-A malformed call never raises: it becomes an entry of `ParsedTurn.errors`, as in `chat_format`.
+For llama3_json, qwen3_xml and openai the segments after a turn are cut from the template's own rendering, never
+written by hand (`template_framing.py`): the trajectory holds, character for character, what the model sees under
+its own template. A malformed call never raises: it becomes an entry of `ParsedTurn.errors`, as in `chat_format`.
 """
 
 from __future__ import annotations
@@ -26,28 +26,25 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from agentrl_ray.chat_format import (
     TOOL_CALL_OPEN,
     ParsedTurn,
     Segment,
     ToolCall,
+    _snip,
+    call_from_json,
     observation_segments,
     parse_tool_calls,
     tool_response_segments,
     user_turn_segments,
 )
-from agentrl_ray.types import TokenRole
+from agentrl_ray.rollout import harmony, mistral
+from agentrl_ray.rollout.template_framing import TemplateFraming
 
-FORMATS = ("hermes", "llama3_json", "qwen3_xml")
+FORMATS = ("hermes", "llama3_json", "qwen3_xml", "openai", "mistral")
 PYTHON_TAG = "<|python_tag|>"
-_SNIPPET = 80
-
-
-def _snip(s: str) -> str:
-    s = s.strip()
-    return s if len(s) <= _SNIPPET else s[:_SNIPPET] + "..."
 
 
 # ---------------------------------------------------------------- parsers
@@ -77,7 +74,7 @@ def parse_llama3_json(text: str) -> ParsedTurn:
         except (RecursionError, ValueError) as e:  # "[[[[.." thousands deep; an int of over 4,300 digits
             turn.errors.append(f"tool call JSON cannot be read ({type(e).__name__}): {_snip(body[pos:])}")
             break
-        call, error = _llama_call(obj)
+        call, error = call_from_json(obj, ("parameters", "arguments"))
         if call is not None:
             turn.calls.append(call)
         else:
@@ -88,21 +85,6 @@ def parse_llama3_json(text: str) -> ParsedTurn:
             turn.errors.append(f"text after a tool call (a call must end the turn): {_snip(body[pos:])}")
             break
     return turn
-
-
-def _llama_call(obj: Any) -> tuple[ToolCall | None, str]:
-    name = obj.get("name") if isinstance(obj, dict) else None
-    if not isinstance(name, str) or not name.strip():
-        return None, f'tool call has no "name" string: {_snip(json.dumps(obj))}'
-    arguments = obj.get("parameters", obj.get("arguments", {}))
-    if isinstance(arguments, str):  # OpenAI's spelling: a JSON-encoded object
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except (ValueError, RecursionError):
-            return None, f'tool call to {name!r}: "parameters" is a string that is not a JSON object'
-    if not isinstance(arguments, dict):
-        return None, f'tool call to {name!r}: "parameters" must be a JSON object, got {type(arguments).__name__}'
-    return ToolCall(name=name.strip(), arguments=arguments), ""
 
 
 _FUNCTION_OPEN, _FUNCTION_CLOSE = "<function=", "</function>"
@@ -159,123 +141,16 @@ def _xml_value(value: str) -> Any:
     return value
 
 
-# ---------------------------------------------------------------- segments cut from the template
-
-_PLACEHOLDER = "agentrlcontent{}"  # letters and digits: a template that quotes or trims a content keeps it whole
-
-
-class TemplateFraming:
-    """The segments that follow an assistant turn, cut from `tokenizer`'s chat template (see the module docstring).
-    Raises ValueError at construction when the template cannot be cut so: it never ends a turn with the eos token,
-    renders a turn differently once tool results follow it, or leaves a message's content out.
-
-    Renders are cached: the turn before the segments, each message layout, each role's surroundings of a content.
-    Where the template puts a content in as it is (tried on a hostile probe), a turn costs no render; else (Llama
-    quotes a tool result as JSON) one render per message and one to check the whole."""
-
-    def __init__(self, tokenizer) -> None:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat template to read the tool-result framing from")
-        if not tokenizer.eos_token:
-            raise ValueError("the tokenizer has no eos token: an assistant turn could never end")
-        self.tokenizer = tokenizer
-        self.eos = tokenizer.eos_token
-        self._before: dict[bool, tuple[list[dict], int, str]] = {}
-        self._layouts: dict[tuple, list[str]] = {}
-        self._around: dict[tuple, tuple[str, str]] = {}
-        self.verbatim: dict[str, bool] = {}
-        self.user_turns = ""  # why user messages cannot follow a turn, if they cannot
-        for role in ("tool", "user"):
-            message = {"role": role, "name": "f", "content": _PROBE} if role == "tool" else {"role": role}
-            try:
-                self.verbatim[role] = self._content({**message, "content": _PROBE}) == _PROBE
-                self.segments([{**message, "content": _PROBE}])
-            except ValueError as e:
-                if role == "tool":
-                    raise
-                # Qwen3's drops an earlier turn's empty reasoning block once a user message follows it.
-                self.user_turns = str(e)
-
-    def _render(self, messages: list[dict], generation: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
-
-    def _after_turn(self, calls: bool, messages: list[dict]) -> str:
-        if calls not in self._before:
-            context = _context(calls)
-            before = self._render(context, False)
-            end = before.rfind(self.eos)
-            if end < 0:
-                raise ValueError(f"the chat template does not end an assistant turn with the eos token {self.eos!r}")
-            self._before[calls] = (context, end + len(self.eos), before)
-        context, end, before = self._before[calls]
-        full = self._render(context + messages, True)
-        if full[:end] != before[:end]:
-            raise ValueError(
-                "the chat template renders an assistant turn differently once messages follow it: the tokens "
-                "sampled for the turn would not be what the template shows (give the model a template that "
-                "renders earlier turns unchanged, as TRL's *_training.jinja do, or set rollout.tool_format=hermes)"
-            )
-        return full[end:]
-
-    def segments(self, messages: list[dict]) -> list[Segment]:
-        """The segments of `messages` (tool results, then perhaps a user message) after the turn."""
-        if self.user_turns and any(m["role"] == "user" for m in messages):
-            raise ValueError(f"a user message after a turn: {self.user_turns}")
-        calls = any(m["role"] == "tool" for m in messages)
-        key = (calls, *((m["role"], m.get("name")) for m in messages))
-        if key not in self._layouts:
-            marked = [{**m, "content": _PLACEHOLDER.format(i)} for i, m in enumerate(messages)]
-            rest, pieces = self._after_turn(calls, marked), []
-            for i, m in enumerate(messages):
-                piece, found, rest = rest.partition(_PLACEHOLDER.format(i))
-                if not found:
-                    raise ValueError(f"the chat template leaves out the content of a {m['role']} message")
-                pieces.append(piece)
-            self._layouts[key] = [*pieces, rest]
-        pieces = self._layouts[key]
-        segments: list[Segment] = []
-        for piece, message in zip(pieces, messages):
-            if piece:
-                segments.append((piece, TokenRole.TEMPLATE))
-            text = message["content"] if self.verbatim.get(message["role"]) else self._content(message)
-            if text:
-                segments.append((text, TokenRole.ENV))
-        if pieces[-1]:
-            segments.append((pieces[-1], TokenRole.TEMPLATE))
-        if not all(self.verbatim.get(m["role"]) for m in messages):
-            real = self._after_turn(calls, messages)
-            if "".join(text for text, _ in segments) != real:
-                raise ValueError(f"the chat template renders these messages unlike their parts: {real!r}")
-        return segments
-
-    def _content(self, message: dict) -> str:
-        """What the template makes of one message's content (its placeholder's surroundings cut off)."""
-        calls, key = message["role"] == "tool", (message["role"], message.get("name"))
-        if key not in self._around:
-            marked = self._after_turn(calls, [{**message, "content": _PLACEHOLDER.format(0)}])
-            head, found, tail = marked.partition(_PLACEHOLDER.format(0))
-            if not found:
-                raise ValueError(f"the chat template leaves out the content of a {message['role']} message")
-            self._around[key] = (head, tail)
-        head, tail = self._around[key]
-        real = self._after_turn(calls, [message])
-        if not (real.startswith(head) and real.endswith(tail) and len(real) >= len(head) + len(tail)):
-            raise ValueError(f"the chat template renders a {message['role']} message's content unlike its others")
-        return real[len(head) : len(real) - len(tail)]
-
-
-_PROBE = ' a "quoted" <tag> & \\ {braces}\n\tüñí '  # what a template may quote, escape or trim
-
-
-def _context(calls: bool) -> list[dict]:
-    """The conversation up to the assistant turn the segments follow: one call (`calls`), or a plain answer."""
-    if not calls:
-        return [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    call = {"type": "function", "function": {"name": "f", "arguments": {}}}
-    return [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
-
-
 # ---------------------------------------------------------------- the format
+
+
+class Framing(Protocol):
+    """What follows a turn: cut from the template (`TemplateFraming`), or written after mistral_common's encoder
+    (`mistral.MistralFraming`)."""
+
+    user_turns: str  # why a user message cannot follow a turn; "" where it can
+
+    def segments(self, messages: list[dict[str, Any]]) -> list[Segment]: ...
 
 
 @dataclass(frozen=True)
@@ -284,18 +159,31 @@ class ToolFormat:
 
     name: str
     parse: Callable[[str], ParsedTurn]
-    framing: TemplateFraming | None = None  # None: hermes, segments written by hand (chat_format)
+    framing: Framing | None = None  # None: hermes, segments written by hand (chat_format)
+    ends: tuple[str, ...] = ()  # the tokens besides eos that end a turn (gpt-oss's <|call|> and <|return|>)
 
-    def tool_response_segments(self, results: list[str], names: list[str] | None = None) -> list[Segment]:
-        """The results of a turn's calls (`names`: the calls', in order; a result past them answers a malformed
-        call)."""
+    def stop_token_ids(self, tokenizer) -> list[int]:
+        """The ids the engine stops a turn at: the eos token's, and each of `ends`'s."""
+        ids = [tokenizer.eos_token_id]
+        for token in self.ends:
+            piece = tokenizer.encode(token, add_special_tokens=False)
+            if len(piece) != 1:
+                raise ValueError(f"rollout.tool_format={self.name}: {token} is not one token of this tokenizer")
+            ids += piece
+        return list(dict.fromkeys(ids))
+
+    def tool_response_segments(self, results: list[str], calls: list[dict[str, Any]] | None = None) -> list[Segment]:
+        """The results of a turn's calls (`calls`: its assistant message's `tool_calls`, in order; a result past
+        them answers a malformed call)."""
         if self.framing is None:
             return tool_response_segments(results)
-        names = names or []
-        messages = [
-            {"role": "tool", "name": names[i] if i < len(names) else "error", "content": text}
-            for i, text in enumerate(results)
-        ]
+        calls = calls or []
+        messages = []
+        for i, text in enumerate(results):
+            message = {"role": "tool", "name": "error", "content": text}
+            if i < len(calls):
+                message.update(name=calls[i]["function"]["name"], tool_call_id=calls[i]["id"])
+            messages.append(message)
         return self.framing.segments(messages)
 
     def user_turn_segments(self, text: str) -> list[Segment]:
@@ -312,7 +200,13 @@ class ToolFormat:
 
 
 HERMES = ToolFormat("hermes", parse_tool_calls)
-_PARSERS = {"hermes": parse_tool_calls, "llama3_json": parse_llama3_json, "qwen3_xml": parse_qwen3_xml}
+_PARSERS = {
+    "hermes": parse_tool_calls,
+    "llama3_json": parse_llama3_json,
+    "qwen3_xml": parse_qwen3_xml,
+    "openai": harmony.parse_harmony,
+    "mistral": mistral.parse_mistral,
+}
 
 
 def detect(chat_template: str | None) -> str:
@@ -324,6 +218,10 @@ def detect(chat_template: str | None) -> str:
         return "hermes"
     if '"parameters": ' in template and "<|eot_id|>" in template:
         return "llama3_json"
+    if harmony.CHANNEL in template and harmony.FUNCTIONS in template:
+        return "openai"
+    if mistral.TOOL_CALLS in template:
+        return "mistral"
     return "hermes"
 
 
@@ -335,4 +233,9 @@ def tool_format(tokenizer, name: str = "auto") -> ToolFormat:
         raise ValueError(f"rollout.tool_format={name!r}: expected auto or one of {', '.join(FORMATS)}")
     if name == "hermes":
         return HERMES
-    return ToolFormat(name, _PARSERS[name], TemplateFraming(tokenizer))
+    if name == "mistral":
+        return ToolFormat(name, mistral.parse_mistral, mistral.MistralFraming(tokenizer))
+    ends = harmony.TURN_ENDS if name == "openai" else ()
+    fmt = ToolFormat(name, _PARSERS[name], TemplateFraming(tokenizer, ends), ends)
+    fmt.stop_token_ids(tokenizer)  # each end one token, or the reason now
+    return fmt

@@ -162,7 +162,7 @@ class RolloutWorker:
             loop_args = dict(
                 temperature=temperature,
                 seed=seed,
-                stop_token_ids=[self.tokenizer.eos_token_id],
+                stop_token_ids=self.tool_format.stop_token_ids(self.tokenizer),
                 timings=timings,
                 turn_based=self.turn_based,
                 fmt=self.tool_format,

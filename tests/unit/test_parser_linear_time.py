@@ -31,6 +31,8 @@ from agentrl_ray.chat_format import (
 from agentrl_ray.envs.builtin.code_exec import final_code
 from agentrl_ray.rewards.builtin import count_tool_calls, final_answer_text
 from agentrl_ray.rollout.endpoint.server import stop_prefix_len
+from agentrl_ray.rollout.harmony import parse_harmony
+from agentrl_ray.rollout.mistral import parse_mistral
 from agentrl_ray.rollout.tool_format import parse_llama3_json, parse_qwen3_xml
 
 KB, MB = 100_000, 1_000_000
@@ -112,6 +114,31 @@ CASES = [
         _closed(TOOL_CALL_OPEN + "<function=f>", "<parameter=x>\n1\n</parameter>", "</function>" + TOOL_CALL_CLOSE),
         CALL_MS,
     ),
+    ("harmony: repeated <|start|>", parse_harmony, _closed("<|channel|>final<|message|>a", "<|start|>", ""), LINEAR_MS),
+    ("harmony: repeated <|message|>", parse_harmony, lambda n: _fill("<|message|>", n), LINEAR_MS),
+    ("harmony: repeated to=", parse_harmony, _closed("<|channel|>commentary", " to=x", "<|message|>{}"), LINEAR_MS),
+    ("harmony: unended body", parse_harmony, _closed("<|channel|>final<|message|>", "ab<|", ""), LINEAR_MS),
+    (
+        "harmony: one call, deep JSON",
+        parse_harmony,
+        _closed("<|channel|>commentary to=functions.f json<|message|>", "[", "<|call|>"),
+        LINEAR_MS,
+    ),
+    (
+        "harmony: many messages",
+        parse_harmony,
+        lambda n: _fill("<|start|>assistant<|channel|>analysis<|message|>x<|end|>", n),
+        CALL_MS,
+    ),
+    ("mistral: repeated [TOOL_CALLS]", parse_mistral, lambda n: _fill("[TOOL_CALLS]", n), LINEAR_MS),
+    ("mistral: one call, deep JSON", parse_mistral, _closed("[TOOL_CALLS]", "[", "]"), LINEAR_MS),
+    (
+        "mistral: many calls",
+        parse_mistral,
+        _closed("[TOOL_CALLS][", '{"name": "f", "arguments": {}, "id": "a1b2c3d4e"}, ', "{}]"),
+        CALL_MS,
+    ),
+    ("mistral: many malformed calls", parse_mistral, _closed("[TOOL_CALLS][", '{"x": 1}, ', "{}]"), CALL_MS),
     ("code block, repeated fences", final_code, lambda n: _fill("```python\n", n), LINEAR_MS),
     ("code block, unclosed", final_code, _closed("```python\n", "x = 1\n", ""), LINEAR_MS),
     ("code block, fence with spaces", final_code, lambda n: _fill("```py" + " " * 50, n), LINEAR_MS),

@@ -60,6 +60,13 @@ def family(base, template: str):
 CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}}
 
 
+def each_is_one_error(parse, malformed: dict[str, str]) -> None:
+    """Each text of `malformed` parses to exactly one error, which says what its value says."""
+    for text, error in malformed.items():
+        errors = parse(text).errors
+        assert len(errors) == 1 and error in errors[0], (text, errors)
+
+
 def _rendered_call(tok) -> str:
     """What the template renders for an assistant turn with CALL, between the generation prompt and the eos."""
     head = tok.apply_chat_template([{"role": "user", "content": "q"}], tokenize=False, add_generation_prompt=True)
@@ -175,17 +182,18 @@ def _by_char(segments):
 def test_a_template_that_cannot_be_cut_is_refused_with_the_reason(base):
     tok = copy.deepcopy(base)
     tok.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-    with pytest.raises(ValueError, match="does not end an assistant turn with the eos token"):
+    with pytest.raises(ValueError, match="does not end an assistant turn with <.im_end.>"):
         tool_format(tok, "llama3_json")
     tok.chat_template = None
     with pytest.raises(ValueError, match="no chat template"):
         tool_format(tok, "qwen3_xml")
     assert tool_format(tok, "auto") is HERMES
-    with pytest.raises(ValueError, match="rollout.tool_format='mistral'"):
-        tool_format(tok, "mistral")
+    with pytest.raises(ValueError, match="rollout.tool_format='deepseek_v3'"):
+        tool_format(tok, "deepseek_v3")
 
 
 def _episode(tok, turns, tools):
+    """One calculator episode through the real loop, the engine scripted to answer with `turns`."""
     host = EnvHost(tool_timeout_s=5)
     envs = EnvClient([LocalHandle(host)], "agentrl_ray.envs.builtin.calculator:CalculatorEnv", {})
     question = [{"role": "user", "content": "What is 12 * 34?"}]
@@ -194,19 +202,10 @@ def _episode(tok, turns, tools):
 
     async def go():
         await envs.create([("k", {})])
-        ep = Episode("k", "p", 0, list(prompt), prompt_len=len(prompt))
-        await run_episodes(
-            [ep],
-            ScriptedEngine(tok, turns),
-            envs,
-            tok,
-            cfg,
-            temperature=1.0,
-            seed=0,
-            stop_token_ids=[tok.eos_token_id],
-            timings=RolloutTimings(),
-            fmt=tool_format(tok),
-        )
+        ep, fmt = Episode("k", "p", 0, list(prompt), prompt_len=len(prompt)), tool_format(tok)
+        engine, stops = ScriptedEngine(tok, turns), fmt.stop_token_ids(tok)
+        kw = dict(temperature=1.0, seed=0, stop_token_ids=stops, timings=RolloutTimings(), fmt=fmt)
+        await run_episodes([ep], engine, envs, tok, cfg, **kw)
         return ep
 
     return question, prompt, asyncio.run(go())

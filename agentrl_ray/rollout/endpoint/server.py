@@ -365,7 +365,7 @@ class Endpoint:
             budgets,
             temperature=temperature,
             top_p=top_p,
-            stop_token_ids=[self.tokenizer.eos_token_id],
+            stop_token_ids=self.tool_format.stop_token_ids(self.tokenizer),
             seeds=seeds,
         )
 
