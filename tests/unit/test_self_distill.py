@@ -75,3 +75,24 @@ def test_only_accepted_answers_are_kept_once_a_task_as_structured_calls(sd, tmp_
     assert answer["role"] == "assistant" and answer["content"] == ""
     assert [json.loads(c["function"]["arguments"]) for c in answer["tool_calls"]] == [{"x": 3}]
     assert json.loads(only["tools"]) == rows[0]["tools"]
+
+
+def test_a_fill_category_without_an_accepted_answer_takes_the_reference_answer(sd, tmp_path):
+    from datasets import Dataset, load_from_disk
+
+    rows = [_row(0, "simple_python", 3), _row(1, "parallel", 4), _row(2, "parallel", 5)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records = [_record(rows[0], 0, "no call"), _record(rows[1], 0, "no call")]  # row 2 was not sampled
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    call = {"type": "function", "function": {"name": "f", "arguments": '{"x": 4}'}}
+    reference = [
+        {"id": r["id"], "tools": json.dumps(r["tools"]), "messages": [*r["prompt"], {"role": "assistant", "content": "",
+         "tool_calls": [call]}]}
+        for r in rows
+    ]  # fmt: skip
+    Dataset.from_list(reference).save_to_disk(str(tmp_path / "ref"))
+    counts = sd.distill(tmp_path / "t.jsonl", tmp_path / "rows.jsonl", tmp_path / "sft", reference=tmp_path / "ref",
+                        fill=("parallel",))  # fmt: skip
+    assert counts["reference_rows"] == {"parallel": 1} and counts["rows"] == 1
+    (only,) = load_from_disk(str(tmp_path / "sft"))
+    assert only["id"] == "parallel_1" and only["messages"][-1]["tool_calls"][0]["function"]["arguments"] == '{"x": 4}'

@@ -124,7 +124,10 @@ def self_warm_start(args, config: str, cli: str, common: list[str], out: Path, r
         )  # fmt: skip
         (out / "phases.json").write_text(json.dumps(result["phases"], indent=2))
     folder = out / "sft_self"
-    result["distill"] = distill(out / "sample" / "transcripts.jsonl", rows, folder)
+    fill = tuple(c for c in args.fill_reference.split(",") if c)
+    result["distill"] = distill(
+        out / "sample" / "transcripts.jsonl", rows, folder, reference=out / "data" / "sft", fill=fill
+    )
     print(f"[distill] {json.dumps(result['distill'])}", flush=True)
     return folder
 
@@ -183,6 +186,12 @@ def main(argv: list[str], prog: str) -> int:
     )
     p.add_argument("--sample-rows", type=int, default=300, help="--warm-start self: shuffled train rows sampled")
     p.add_argument("--samples", type=int, default=4, help="--warm-start self: samples per row, at temperature 1")
+    p.add_argument(
+        "--fill-reference",
+        default="",
+        help="--warm-start self: categories (comma-separated) whose sampled tasks with no accepted answer get the "
+        "train split's reference answer (e.g. parallel,parallel_multiple: calls the model never writes)",
+    )
     p.add_argument(
         "--final-samples",
         type=int,
@@ -348,7 +357,7 @@ def main(argv: list[str], prog: str) -> int:
     plot(
         records,
         steps,
-        f"{label}: SmolLM2-135M-Instruct, " + ("GRPO + ECHO" if echo_on(args.overrides) else "GRPO"),
+        f"{label}: {args.model.removeprefix('builtin:')}, " + ("GRPO + ECHO" if echo_on(args.overrides) else "GRPO"),
         ROOT / "docs" / "real_model" / f"{label}.png",
     )
     print(json.dumps({k: result[k] for k in result if k not in ("evals", "phases", "untrained")}, indent=2))

@@ -77,10 +77,20 @@ def lenient_verdict(answer: str, row: dict) -> bool:
     return check(lenient_calls(answer), functions, truth, row["category"]).valid
 
 
-def distill(transcripts: Path, rows_file: Path, out: Path, per_task: int = 1) -> dict:
+def distill(
+    transcripts: Path,
+    rows_file: Path,
+    out: Path,
+    per_task: int = 1,
+    reference: Path | None = None,
+    fill: tuple[str, ...] = (),
+) -> dict:
     """SFT rows (a `datasets` folder at `out`: messages, tools, id) from the accepted answers in `transcripts` (an
-    `agentrl-ray eval --out` folder's transcripts.jsonl over `rows_file`); returns counts per category."""
-    from datasets import Dataset
+    `agentrl-ray eval --out` folder's transcripts.jsonl over `rows_file`); returns counts per category. With
+    `reference` (the train split's reference conversations, make_data.py's sft/ folder) and `fill` categories, a
+    sampled task of those categories with no accepted answer gets its reference answer instead: what the model never
+    writes (several calls in one turn) is taught from the train split's answers."""
+    from datasets import Dataset, load_from_disk
 
     rows = {str(r["id"]): r for r in map(json.loads, rows_file.read_text().splitlines())}
     kept: dict[str, int] = {}
@@ -110,12 +120,21 @@ def distill(transcripts: Path, rows_file: Path, out: Path, per_task: int = 1) ->
                 "id": row["id"],
             }
         )
+    filled: dict[str, int] = {}
+    if reference is not None and fill:
+        sampled = {str(r["id"]) for r in map(json.loads, transcripts.read_text().splitlines())}
+        for ref in load_from_disk(str(reference)):
+            row = rows.get(str(ref["id"]))
+            if row and row["id"] in sampled and row["category"] in fill and row["id"] not in kept:
+                filled[row["category"]] = filled.get(row["category"], 0) + 1
+                conversations.append({"messages": ref["messages"], "tools": ref["tools"], "id": ref["id"]})
     Dataset.from_list(conversations).save_to_disk(str(out))
     tasks_kept = {c: sum(1 for i in kept if rows[i]["category"] == c) for c in seen}
     return {
         "samples": seen,
         "accepted_samples": accepted,
         "tasks_kept": tasks_kept,
+        "reference_rows": filled,
         "rows": len(conversations),
         "sampled_lenient_pass": sum(accepted.values()) / max(1, sum(seen.values())),
     }
