@@ -23,6 +23,14 @@ unchanged:
   of `{"role": "tool", "content": ...}`, one per call of the turn, in order, then at most one
   `{"role": "user", "content": ...}` (the next question), last. Tool results are rendered as the template renders
   tool messages (and are environment tokens, ECHO's target), the user message as a user turn.
+- A game of two players, both played by the policy (self-play, `rollout/selfplay.py`), says so on its class:
+  `players = 2`. One instance is one game, reset with the row; each seat's turns are a trajectory of their own.
+  `reset(**row)` returns seat 0's first observation (seat 0 moves first). `step(text) -> (seat, observation,
+  rewards)`: `text` is the move of the seat to move; while the game goes on, `seat` is the one to move next (the
+  same one after a move it may retry) and `observation` what that seat sees before its move (its first one is
+  appended to its prompt, later ones are user turns), `rewards` None; once the game is over, `rewards` holds each
+  seat's reward (its trajectory's). `step(None)`: the seat to move cannot move (its token budget or its turns ran
+  out) and forfeits: the game must end and score it.
 
 Environments are found by import path ("package.module:Class"), so users add one without editing this package
 (`loading.py`). The tools' JSON schemas and the coercion of the model's arguments are in `tools.py`; how the env host
@@ -35,6 +43,16 @@ from __future__ import annotations
 from typing import Any
 
 RESERVED_METHODS = frozenset({"reset", "close", "reward", "get_reward", "step"})
+
+
+def players(cls: type) -> int:
+    """The seats of an environment class: 1, or 2 for a game of two players (its `players`)."""
+    n = getattr(cls, "players", 1)
+    if n not in (1, 2) or isinstance(n, bool):
+        raise ValueError(f"{cls.__name__}.players must be 1 or 2 (self-play of more seats is not adapted), got {n!r}")
+    if n == 2 and not callable(getattr(cls, "step", None)):
+        raise ValueError(f"{cls.__name__} is a game of two players without step(text): a game is turn-based")
+    return n
 
 
 class Environment:

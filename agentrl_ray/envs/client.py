@@ -49,8 +49,8 @@ class EnvClient:
         """Per (key, parsed tool calls, parse errors): the results of the turn's calls, in order."""
         return await self._per_host([r[0] for r in requests], requests, lambda h, b: h.call_tools_many.remote(b))
 
-    async def call_turns(self, requests: list[tuple[str, str]]) -> list[TurnResult]:
-        """Per (key, assistant text): a turn-based environment's answer."""
+    async def call_turns(self, requests: list[tuple[str, str | None]]) -> list[TurnResult]:
+        """Per (key, assistant text): a turn-based environment's answer (a game's, text None a forfeit)."""
         return await self._per_host([r[0] for r in requests], requests, lambda h, b: h.call_turn_many.remote(b))
 
     async def rewards(self, requests: list[tuple[str, str]]) -> list[float | None]:

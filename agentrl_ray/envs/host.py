@@ -1,4 +1,5 @@
-"""EnvHost: holds the environment instances of many trajectories; the caller wraps it as a Ray actor.
+"""EnvHost: holds the environment instances of many trajectories; the caller wraps it as a Ray actor. A game of
+two players played by self-play is one instance for both its seats' trajectories (`envs.base`, `rollout/selfplay.py`).
 
     host = ray.remote(EnvHost).options(max_concurrency=1000).remote(tool_timeout_s=10.0, isolation="process")
 
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl_ray.chat_format import ToolCall
+from agentrl_ray.envs.base import players
 from agentrl_ray.envs.isolation.child import describe
 from agentrl_ray.envs.isolation.levels import EnvError, EnvSetupError, Isolation, Level
 from agentrl_ray.envs.isolation.sandbox import SandboxLimits
@@ -51,6 +53,10 @@ class TurnResult:
     reward: float
     done: bool
     error: bool = False
+    # A game of two players (`envs.base`): the seat the observation is for (the one to move next), and once the
+    # game is over each seat's reward.
+    seat: int | None = None
+    rewards: list[float] | None = None
 
 
 @dataclass
@@ -60,6 +66,7 @@ class _Open:
     step_reward: float = 0.0  # sum of the rewards `step` returned so far
     steps: int = 0
     failed: str | None = None  # why the environment could not start: every call of the trajectory says so
+    players: int = 1  # 2: a game, both seats' moves come to this one instance (envs.base)
 
 
 class EnvHost:
@@ -111,7 +118,7 @@ class EnvHost:
                 await self._close_env(env, key)
             self._open[key] = _Open(None, {}, failed=f"the environment could not start: {why}")
             return None
-        self._open[key] = _Open(env, tool_methods(env))
+        self._open[key] = _Open(env, tool_methods(env), players=players(cls))
         self._counts["created"] += 1
         return text
 
@@ -196,8 +203,9 @@ class EnvHost:
 
     # ---------------------------------------------------------------- turns
 
-    async def call_turn(self, key: str, assistant_text: str) -> TurnResult:
-        """Feed one assistant turn to a turn-based environment's `step(text) -> (observation, reward, done)`.
+    async def call_turn(self, key: str, assistant_text: str | None) -> TurnResult:
+        """Feed one assistant turn to a turn-based environment's `step(text) -> (observation, reward, done)`; to
+        a game's (`players = 2`) `step(text) -> (seat, observation, rewards)`, text None a forfeit (`envs.base`).
 
         A step that raises, times out or returns the wrong shape ends the episode with an error observation: the
         environment's state is unknown after that, so continuing would train on noise.
@@ -213,12 +221,18 @@ class EnvHost:
         self._counts["turns"] += 1
         try:
             out = await self._run(step, {}, args=(assistant_text,))
-            observation, reward, done = _checked_step(out)
+            if opened.players > 1:
+                seat, observation, rewards = _checked_move(out, opened.players)
+            else:
+                observation, reward, done = _checked_step(out)
         except TimeoutError:
             self._counts["timeouts"] += 1
             return self._turn_error(f"step timed out after {self.tool_timeout_s:g} s")
         except Exception as e:
             return self._turn_error(f"step failed: {_detail(e)}")
+        if opened.players > 1:
+            observation = None if observation is None else self._truncate(observation)
+            return TurnResult(observation, 0.0, rewards is not None, seat=seat, rewards=rewards)
         opened.step_reward += reward
         opened.steps += 1
         if isinstance(observation, list):
@@ -285,7 +299,7 @@ class EnvHost:
     async def call_tools_many(self, requests: list[tuple[str, list[ToolCall], list[str]]]) -> list[list[ToolResult]]:
         return list(await asyncio.gather(*(self.call_tools(*r) for r in requests)))
 
-    async def call_turn_many(self, requests: list[tuple[str, str]]) -> list[TurnResult]:
+    async def call_turn_many(self, requests: list[tuple[str, str | None]]) -> list[TurnResult]:
         return list(await asyncio.gather(*(self.call_turn(*r) for r in requests)))
 
     async def env_reward_many(self, requests: list[tuple[str, str]]) -> list[float | None]:
@@ -330,6 +344,25 @@ def _checked_step(out: Any) -> tuple[str | list[dict[str, str]] | None, float, b
     if not isinstance(done, bool):
         raise TypeError(f"step done must be a bool, got {type(done).__name__}")
     return observation, float(reward), done
+
+
+def _checked_move(out: Any, players: int) -> tuple[int | None, str | None, list[float] | None]:
+    """A game's answer to a move: (seat to move next, its observation, None), or (_, _, each seat's reward)."""
+    if not (isinstance(out, tuple | list) and len(out) == 3):  # a list: a tuple that crossed from an env child
+        raise TypeError(f"a game's step must return (seat, observation, rewards), got {out!r:.200}")
+    seat, observation, rewards = out
+    if rewards is not None:
+        numbers = isinstance(rewards, list | tuple) and all(
+            isinstance(r, int | float) and not isinstance(r, bool) and math.isfinite(r) for r in rewards
+        )
+        if not numbers or len(rewards) != players:
+            raise TypeError(f"a game's rewards must be {players} finite numbers (one per seat), got {rewards!r:.200}")
+        return None, None, [float(r) for r in rewards]
+    if not isinstance(seat, int) or isinstance(seat, bool) or not 0 <= seat < players:
+        raise TypeError(f"a game's step must name the seat to move next (0 to {players - 1}), got {seat!r}")
+    if observation is not None and not isinstance(observation, str):
+        raise TypeError(f"a game's observation must be str or None, got {type(observation).__name__}")
+    return seat, observation, None
 
 
 def _check_observation_messages(messages: list) -> None:

@@ -34,13 +34,15 @@ class Deadlines:
     agent_processes: int = 1
 
     @classmethod
-    def of(cls, cfg: Config) -> Deadlines:
+    def of(cls, cfg: Config, players: int = 1) -> Deadlines:
+        """`players` 2: a game by self-play (rollout/selfplay.py), whose seats take their `max_turns` turns one
+        after the other, and whose seat that cannot move forfeits by one more environment call."""
         r, rc = cfg.rollout, cfg.recovery
         generate = r.max_tokens_per_turn * rc.decode_step_s
         return cls(
-            turn_s=generate + cfg.env.tool_timeout_s,
+            turn_s=generate + players * cfg.env.tool_timeout_s,
             fixed_s=3 * cfg.env.tool_timeout_s + rc.slack_s,
-            max_turns=r.max_turns,
+            max_turns=players * r.max_turns,
             max_num_seqs=r.max_num_seqs,
             probe_s=generate + rc.slack_s,
             actor_start_s=rc.actor_start_s,

@@ -15,6 +15,8 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from agentrl_ray.config import Config
+from agentrl_ray.envs.base import players
+from agentrl_ray.envs.loading import env_class
 from agentrl_ray.infra.threads import ThreadPolicy
 from agentrl_ray.rollout.backends import engine_process_env
 from agentrl_ray.rollout.deadlines import Deadlines
@@ -97,7 +99,9 @@ class RolloutPool:
             )
             for i, o in enumerate(engine_opts)
         ]
-        pool = cls(workers, env_hosts, Recovery(workers, env_hosts, Deadlines.of(cfg), engine_restarts, restarts))
+        seats = 1 if cfg.env.agent else players(env_class(cfg.env.name, cfg.env.tool_specs()))  # self-play: 2
+        deadlines = Deadlines.of(cfg, seats)
+        pool = cls(workers, env_hosts, Recovery(workers, env_hosts, deadlines, engine_restarts, restarts))
         if wait:
             pool.ready()
         return pool

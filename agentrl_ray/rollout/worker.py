@@ -8,6 +8,7 @@ learner step are applied by its `sync.receiver.WeightReceiver` (this actor only 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -18,6 +19,7 @@ import torch
 from agentrl_ray.chat_format import prompt_messages
 from agentrl_ray.config import EnvConfig, ModelConfig, RewardConfig, RolloutConfig
 from agentrl_ray.data import row_tools
+from agentrl_ray.envs.base import players
 from agentrl_ray.envs.client import EnvClient
 from agentrl_ray.envs.loading import env_class as make_env_class
 from agentrl_ray.envs.tools import tool_schemas
@@ -30,6 +32,7 @@ from agentrl_ray.rollout.agent_loop import Episode, run_episodes, run_episodes_s
 from agentrl_ray.rollout.backends import make_engine
 from agentrl_ray.rollout.continuity import continuity_break, token_versions
 from agentrl_ray.rollout.engine_modes import EngineModes
+from agentrl_ray.rollout.selfplay import SEATS, pair_group
 from agentrl_ray.rollout.tool_format import tool_format
 from agentrl_ray.rollout.turn_scheduler import TurnScheduler
 from agentrl_ray.sync.collective import CollectiveBackend
@@ -74,6 +77,7 @@ class RolloutWorker:
         self.tools = tool_schemas(env_class)
         # Decided once from the class: a turn-based environment (it defines step) talks in user turns, not tools.
         self.turn_based = callable(getattr(env_class, "step", None))
+        self.players = players(env_class)  # 2: a game, samples 2i and 2i+1 of a group play each other (selfplay.py)
         self.tool_format = tool_format(self.tokenizer, cfg.tool_format)
         if self.turn_based and self.tool_format.framing is not None and self.tool_format.framing.user_turns:
             # Found at start, not at an episode's second turn: a turn-based environment answers in user turns.
@@ -175,7 +179,7 @@ class RolloutWorker:
                     episodes, self.engine, self.envs, self.tokenizer, self.cfg, version=version, **loop_args
                 )
             t0 = time.perf_counter()
-            env_rewards = await self.envs.rewards([(e.key, _last_assistant_text(e.messages)) for e in episodes])
+            env_rewards = await self._env_rewards(episodes)
             expanded = [row for row in rows for _ in range(group_size)]
             columns = {k: [r.get(k) for r in expanded] for k in expanded[0]}
             rewards, parts = score(
@@ -199,6 +203,12 @@ class RolloutWorker:
         ]
         timings.worker_s = time.perf_counter() - t_start
         return groups, timings
+
+    async def _env_rewards(self, episodes: list[Episode]) -> list[float | None]:
+        """Each episode's environment reward: its environment's, or its seat's in its game (rollout/selfplay.py)."""
+        alone = [e for e in episodes if e.game is None]
+        asked = iter(await self.envs.rewards([(e.key, _last_assistant_text(e.messages)) for e in alone]))
+        return [next(asked) if e.game is None else e.game.reward(e.seat) for e in episodes]
 
     async def _agent_rollout(self, rows, group_size, temperature, seed, timings, t_start):
         keys = [f"w{self.index}-s{seed}-{i}-{row['id']}-{j}" for i, row in enumerate(rows) for j in range(group_size)]
@@ -227,19 +237,29 @@ class RolloutWorker:
         episodes = []
         # A group shares its prompt (ids, messages) unless reset() differs.
         prompts: dict[tuple[int, str | None], tuple[list[int], list[dict]]] = {}
+        if self.players == SEATS and group_size % SEATS:
+            raise ValueError(f"a game of two players pairs the samples of a group: {group_size} samples is odd")
         if redo:  # a dead worker never closed them; a restarted env host has none (closing is then a no-op)
             await self.envs.close(keys)
         try:
-            reset_texts = await self.envs.create([(k, rows[i // group_size]) for i, k in enumerate(keys)])
-            for i, (key, extra) in enumerate(zip(keys, reset_texts)):
+            # Self-play: one environment per game, under its seat 0's key (the even sample); seat 1 has no prompt
+            # until the game first asks it to move (`Episode.render`).
+            hosted = range(0, len(keys), self.players)
+            reset_texts = await self.envs.create([(keys[i], rows[i // group_size]) for i in hosted])
+            for i, extra in zip(hosted, reset_texts):
                 row = rows[i // group_size]
                 rendered = prompts.get((i // group_size, extra))
                 if rendered is None:
                     rendered = prompts[(i // group_size, extra)] = self._prompt_ids(row, extra)
                 ids, messages = rendered
                 episodes.append(
-                    Episode(key, str(row["id"]), i % group_size, list(ids), len(ids), prompt_messages=messages)
+                    Episode(keys[i], str(row["id"]), i % group_size, list(ids), len(ids), prompt_messages=messages)
                 )
+                if self.players == SEATS:
+                    render = functools.partial(self._prompt_ids, row)
+                    episodes.append(Episode(keys[i + 1], str(row["id"]), (i + 1) % group_size, [], 0, render=render))
+            if self.players == SEATS:
+                pair_group(episodes)
         except BaseException:
             # A failed reset on one host (its batch closes itself), or a prompt over the token budget: close every
             # environment of the batch (closing an unknown key is a no-op), then report it.

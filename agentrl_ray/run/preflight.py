@@ -14,6 +14,8 @@ What is checked (`check`, called by `driver.train` once Ray is up, with the toke
 - Every prompt, rendered with the model's chat template and the environment's tool schemas exactly as the rollout
   worker renders it, fits `rollout.max_total_tokens` (the worker needs room for at least one generated token).
 - Every reward function's required parameters are columns of every row (or arguments the worker passes).
+- A game of two players (`players = 2`, self-play) has an even `rollout.group_size` and `run.eval_samples`
+  (checked before Ray starts, with `env.kwargs`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def resolve_user_code(cfg: Config) -> None:
     key = "env.mcp_servers" if cfg.env.mcp_servers else "env.tools"
     cls = _resolve(key, env_class, cfg.env.name, cfg.env.tool_specs())
     check_env_kwargs(cls, cfg.env.kwargs, cfg.env.name)
+    check_players(cls, cfg)
     for i, name in enumerate(cfg.reward.functions):
         _resolve(f"reward.functions[{i}]", load_reward_functions, [name])
     if cfg.env.agent:
@@ -107,6 +110,19 @@ def check_env_kwargs(env_class: type, kwargs: dict[str, Any], name: str) -> None
             f"env.kwargs {sorted(kwargs)} do not fit the constructor of {name} "
             f"{env_class.__name__}{inspect.signature(env_class)}: {e}"
         ) from None
+
+
+def check_players(env_class: type, cfg: Config) -> None:
+    """A game of two players (self-play, rollout/selfplay.py) pairs samples 2i and 2i+1 of each group."""
+    from agentrl_ray.envs.base import players
+
+    seats = _resolve("env.name", players, env_class)
+    for key, n in (("rollout.group_size", cfg.rollout.group_size), ("run.eval_samples", cfg.run.eval_samples)):
+        if n % seats:
+            raise ConfigError(
+                f"{key}={n} must be even: {cfg.env.name} is a game of two players, played by self-play with samples "
+                "2i and 2i+1 of a group as its seats"
+            )
 
 
 def sample_indices(n: int, k: int = SAMPLE_ROWS) -> list[int]:

@@ -159,12 +159,14 @@ def test_a_textarena_game_plays_through_the_loop_and_pays_its_win(tok, isolation
 
 
 def test_textarena_refuses_what_it_cannot_play():
-    from agentrl_ray.envs.adapters.textarena import TextArenaEnv
+    from agentrl_ray.envs.adapters.textarena import TextArenaEnv, TextArenaSelfPlay
 
     with pytest.raises(ValueError, match="not a registered TextArena game"):
         TextArenaEnv("NoSuchGame-v0")
-    with pytest.raises(ValueError, match="not a single-player game: self-play is not adapted yet"):
+    with pytest.raises(ValueError, match="not a single-player game: play it by self-play with env.name=.*SelfPlay"):
         TextArenaEnv("TicTacToe-v0").reset(id="x")
+    with pytest.raises(ValueError, match="GuessTheNumber-v0 is not a two-player game"):
+        TextArenaSelfPlay("GuessTheNumber-v0").reset(id="x")
 
 
 GEM_ADAPTER = "agentrl_ray.envs.adapters.gem:GEMEnv"

@@ -1,12 +1,13 @@
-"""TextArena's single-player games (`textarena`), unchanged, as turn-based environments of ours (`envs.base`).
+"""TextArena's games (`textarena`), unchanged, as turn-based environments of ours (`envs.base`): its single-player
+games, and its two-player games by self-play (both players the policy, each player's turns its own trajectory).
 
     env:
-      name: agentrl_ray.envs.adapters.textarena:TextArenaEnv
-      kwargs: {id: GuessTheNumber-v0}      # any registered single-player game; `game_kwargs` go to its constructor
+      name: agentrl_ray.envs.adapters.textarena:TextArenaEnv       # single-player; TextArenaSelfPlay for two
+      kwargs: {id: GuessTheNumber-v0}      # any registered game; `game_kwargs` go to its constructor
 
-A game is made per trajectory from its raw registration (`<id>-raw`: none of the wrappers that re-send the whole
-history each turn, which would break token-in/token-out) and reset with the row's `seed` (else a seed from its
-`id`), so one row is one game, the same one every time. Then:
+A game is made per trajectory (per pair of trajectories in self-play) from its raw registration (`<id>-raw`: none of
+the wrappers that re-send the whole history each turn, which would break token-in/token-out) and reset with the
+row's `seed` (else a seed from its `id`), so one row is one game, the same one every time. Then:
 
 - `reset` returns the game's first observation (its rules and board), appended to the row's prompt.
 - `step(text)` plays the assistant's whole turn as the player's action; the messages the game sends back (the
@@ -15,8 +16,13 @@ history each turn, which would break token-in/token-out) and reset with the row'
 - When the game ends, the episode's reward is the player's reward from `close()` (TextArena's: 1 for a win, 0 or
   -1 for a loss or an invalid move, as the game defines it), and every earlier turn's 0.
 
-Games of two or more players need self-play (each player our policy, each player's turns its own sequence with its
-own reward): not adapted yet, and refused with that reason.
+`TextArenaSelfPlay` (`players = 2`, the game contract of `envs.base`; the loop's side: `rollout/selfplay.py`) plays
+a two-player game: seat 0 is the player TextArena lets move first. Each seat's observations are the messages
+TextArena addresses to its player since that player's last move (the opponent's move and the board among them), so
+each trajectory holds only its own player's view. The rewards are TextArena's (1 win, -1 loss, 0 draw; a second
+invalid move in a row loses, as TextArena rules, with one retry after the first). A forfeit (`step(None)`: the seat
+to move ran out of tokens or turns) scores as TextArena's losing invalid move: -1, the opponent 1. Games of more
+than two players are refused.
 """
 
 from __future__ import annotations
@@ -25,9 +31,12 @@ import zlib
 from typing import Any
 
 INSTALL = "pip install 'agentrl_ray[envs]' (textarena==0.7.4)"
+SELF_PLAY = "agentrl_ray.envs.adapters.textarena:TextArenaSelfPlay"
 
 
 class TextArenaEnv:
+    players = 1
+
     def __init__(self, id: str, game_kwargs: dict[str, Any] | None = None) -> None:  # noqa: A002 - TextArena's word
         try:
             import textarena
@@ -45,20 +54,24 @@ class TextArenaEnv:
         self.player = 0
 
     def reset(self, **row: Any) -> str | None:
+        self._start(row)
+        self.player, first = self.env.get_observation()
+        return _text(first, self.player)
+
+    def _start(self, row: dict[str, Any]) -> None:
         seed = row.get("seed")
         if seed is None:
             seed = zlib.crc32(str(row.get("id", "")).encode())
         self.env = self._make()
         try:
-            self.env.reset(num_players=1, seed=int(seed))
+            self.env.reset(num_players=self.players, seed=int(seed))
         except Exception as e:
-            if "player" in str(e).lower():
-                raise ValueError(
-                    f"TextArenaEnv: {self.id} is not a single-player game: self-play is not adapted yet"
-                ) from e
-            raise
-        self.player, first = self.env.get_observation()
-        return _text(first, self.player)
+            if "player" not in str(e).lower():
+                raise
+            if self.players == 1:
+                raise ValueError(f"TextArenaEnv: {self.id} is not a single-player game: play it by self-play with "
+                                 f"env.name={SELF_PLAY}") from e  # fmt: skip
+            raise ValueError(f"TextArenaSelfPlay: {self.id} is not a two-player game ({e})") from e
 
     def step(self, text: str) -> tuple[str | None, float, bool]:
         if self.env is None:
@@ -72,6 +85,36 @@ class TextArenaEnv:
 
     def close(self) -> None:
         self.env = None
+
+
+class TextArenaSelfPlay(TextArenaEnv):
+    """A two-player game, both seats the policy: one instance per game (`envs.base`, `players = 2`)."""
+
+    players = 2
+
+    def reset(self, **row: Any) -> str | None:
+        self._start(row)
+        self.first, observation = self.env.get_observation()  # seat 0 is whoever TextArena lets move first
+        return _text(observation, self.first)
+
+    def step(self, text: str | None) -> tuple[int | None, str | None, list[float] | None]:  # type: ignore[override]
+        if self.env is None:
+            raise RuntimeError("step before reset")
+        if text is None:  # a forfeit, scored as TextArena scores a losing invalid move
+            mover = self._seat(self.env.state.current_player_id)
+            return None, None, [-1.0 if seat == mover else 1.0 for seat in range(2)]
+        done, _info = self.env.step(text)
+        if done:
+            rewards, _game_info = self.env.close()
+            return None, None, [float((rewards or {}).get(self._player(seat), 0.0)) for seat in range(2)]
+        player, messages = self.env.get_observation()
+        return self._seat(player), _text(messages, player), None
+
+    def _seat(self, player: int) -> int:
+        return (player - self.first) % 2
+
+    def _player(self, seat: int) -> int:
+        return (seat + self.first) % 2
 
 
 def _text(messages: list[Any], player: int) -> str:
