@@ -96,3 +96,22 @@ def test_a_fill_category_without_an_accepted_answer_takes_the_reference_answer(s
     assert counts["reference_rows"] == {"parallel": 1} and counts["rows"] == 1
     (only,) = load_from_disk(str(tmp_path / "sft"))
     assert only["id"] == "parallel_1" and only["messages"][-1]["tool_calls"][0]["function"]["arguments"] == '{"x": 4}'
+
+
+def test_an_accepted_refusal_is_kept_in_the_models_own_words(sd, tmp_path):
+    from datasets import load_from_disk
+
+    rows = [{**_row(0, "irrelevance", 3), "ground_truth": "[]"}, _row(1, "simple_python", 4)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records = [
+        _record(rows[0], 0, '```json\n{"name": "f", "arguments": {"x": 3}}\n```'),  # a call where none fits
+        _record(rows[0], 1, "None of the functions can answer this. "),
+        _record(rows[1], 0, '<tool_call>\n{"name": "f", "arguments": {"x": 4}}\n</tool_call>'),
+    ]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    counts = sd.distill(tmp_path / "t.jsonl", tmp_path / "rows.jsonl", tmp_path / "sft")
+    assert counts["accepted_samples"] == {"irrelevance": 1, "simple_python": 1}
+    refusal, call = load_from_disk(str(tmp_path / "sft"))
+    assert refusal["messages"][-1]["content"] == "None of the functions can answer this."
+    assert not refusal["messages"][-1]["tool_calls"]
+    assert call["messages"][-1]["content"] == "" and len(call["messages"][-1]["tool_calls"]) == 1

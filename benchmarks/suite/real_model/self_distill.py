@@ -113,9 +113,11 @@ def distill(
             {"type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
             for name, args in lenient_calls(answer)
         ]
+        # An accepted answer without calls (an irrelevance task's refusal) is kept as the model's own words.
+        content = "" if calls else answer.strip()
         conversations.append(
             {
-                "messages": [*prompt, {"role": "assistant", "content": "", "tool_calls": calls}],
+                "messages": [*prompt, {"role": "assistant", "content": content, "tool_calls": calls}],
                 "tools": json.dumps(row["tools"]),
                 "id": row["id"],
             }
