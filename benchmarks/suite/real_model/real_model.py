@@ -134,13 +134,13 @@ def self_warm_start(args, config: str, cli: str, common: list[str], out: Path, r
 
 def lenient_report(transcripts: Path, rows_file: Path) -> dict:
     """Per category, the share of answers BFCL accepts when fenced JSON calls count (self_distill.lenient_calls)."""
-    from suite.real_model.self_distill import lenient_verdict
+    from suite.real_model.self_distill import first_answer, lenient_verdict
 
     rows = {str(r["id"]): r for r in map(json.loads, rows_file.read_text().splitlines())}
     tally: dict[str, list[int]] = {}
     for record in map(json.loads, transcripts.read_text().splitlines()):
         row = rows[str(record["id"])]
-        answer = next((m.get("content") or "" for m in record["messages"] if m["role"] == "assistant"), "")
+        answer = first_answer(record)
         t = tally.setdefault(row["category"], [0, 0])
         t[0] += lenient_verdict(answer, row)
         t[1] += 1

@@ -66,6 +66,11 @@ def lenient_calls(text: str) -> list[tuple[str, dict]]:
     return calls
 
 
+def first_answer(record: dict) -> str:
+    """The first assistant turn's text of a transcript record (`agentrl-ray eval`'s transcripts.jsonl)."""
+    return next((m.get("content") or "" for m in record["messages"] if m["role"] == "assistant"), "")
+
+
 def _loaded(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
@@ -101,7 +106,7 @@ def distill(
         row = rows[str(record["id"])]
         category = row["category"]
         seen[category] = seen.get(category, 0) + 1
-        answer = next((m.get("content") or "" for m in record["messages"] if m["role"] == "assistant"), "")
+        answer = first_answer(record)
         if not lenient_verdict(answer, row):
             continue
         accepted[category] = accepted.get(category, 0) + 1
