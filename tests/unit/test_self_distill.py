@@ -115,3 +115,35 @@ def test_an_accepted_refusal_is_kept_in_the_models_own_words(sd, tmp_path):
     assert refusal["messages"][-1]["content"] == "None of the functions can answer this."
     assert not refusal["messages"][-1]["tool_calls"]
     assert call["messages"][-1]["content"] == "" and len(call["messages"][-1]["tool_calls"]) == 1
+
+
+def test_a_refusal_is_kept_only_when_it_is_finished_words_and_pairs_of_files_are_read(sd, tmp_path):
+    """The untrained model often answers an irrelevance task with an invented function's call as bare JSON (no call to
+    the lenient reader, so BFCL accepts it) or runs out of tokens: neither is a refusal to teach. The AST samples and
+    the irrelevance samples come as two (transcripts, rows) pairs."""
+    from datasets import load_from_disk
+
+    irrelevant = [{**_row(i, "irrelevance", 0), "ground_truth": "[]"} for i in range(4)]
+    ast = [_row(0, "simple_python", 4)]
+    (tmp_path / "irr.jsonl").write_text("".join(json.dumps(r) + "\n" for r in irrelevant))
+    (tmp_path / "ast.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ast))
+    irr_records = [
+        _record(irrelevant[0], 0, '{"name": "area", "arguments": {"base": 10}}'),  # bare JSON: a call, not words
+        {**_record(irrelevant[1], 0, "The answer is that one would need to"), "finish_reason": "length"},
+        {**_record(irrelevant[2], 0, "No function here computes that."), "finish_reason": "done"},
+        _record(irrelevant[3], 0, '<tool_call>\n{"name": "nope"'),  # a broken tag
+    ]
+    (tmp_path / "irr_t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in irr_records))
+    (tmp_path / "ast_t.jsonl").write_text(json.dumps(_record(ast[0], 0, '```json\n{"name": "f", "arguments": '
+                                                             '{"x": 4}}\n```')) + "\n")  # fmt: skip
+    counts = sd.distill(
+        [tmp_path / "ast_t.jsonl", tmp_path / "irr_t.jsonl"], [tmp_path / "ast.jsonl", tmp_path / "irr.jsonl"],
+        tmp_path / "sft",
+    )  # fmt: skip
+    assert counts["accepted_samples"] == {"simple_python": 1, "irrelevance": 4}
+    assert counts["refusals_not_kept"] == 3 and counts["rows"] == 2
+    call, refusal = load_from_disk(str(tmp_path / "sft"))
+    assert call["id"] == "simple_python_0" and len(call["messages"][-1]["tool_calls"]) == 1
+    assert refusal["id"] == "irrelevance_2" and refusal["messages"][-1]["content"] == "No function here computes that."
+    with pytest.raises(ValueError, match="pair them"):
+        sd.distill([tmp_path / "ast_t.jsonl"], [tmp_path / "ast.jsonl", tmp_path / "irr.jsonl"], tmp_path / "x")

@@ -123,11 +123,27 @@ def self_warm_start(args, config: str, cli: str, common: list[str], out: Path, r
             out,
         )  # fmt: skip
         (out / "phases.json").write_text(json.dumps(result["phases"], indent=2))
+    transcripts, rows_files = [out / "sample" / "transcripts.jsonl"], [rows]
+    if args.sample_irrelevance:
+        irrelevance = out / "data" / "train_irrelevance.jsonl"  # the train split's tasks that no function fits
+        train = (out / "data" / "train.jsonl").read_text().splitlines(keepends=True)
+        irrelevance.write_text("".join(line for line in train if json.loads(line)["category"] == "irrelevance"))
+        if "sample_irrelevance" not in done:
+            result["phases"]["sample_irrelevance"] = phase(
+                "sample_irrelevance",
+                [
+                    cli, "eval", "--config", config, *common, f"model.path={args.model}", "--data", str(irrelevance),
+                    "--size", str(args.sample_irrelevance), "--samples", str(args.irrelevance_samples),
+                    "--temperature", "1.0", "--seed", "7", "--out", str(out / "sample_irrelevance"),
+                ],
+                out,
+            )  # fmt: skip
+            (out / "phases.json").write_text(json.dumps(result["phases"], indent=2))
+        transcripts.append(out / "sample_irrelevance" / "transcripts.jsonl")
+        rows_files.append(irrelevance)
     folder = out / "sft_self"
     fill = tuple(c for c in args.fill_reference.split(",") if c)
-    result["distill"] = distill(
-        out / "sample" / "transcripts.jsonl", rows, folder, reference=out / "data" / "sft", fill=fill
-    )
+    result["distill"] = distill(transcripts, rows_files, folder, reference=out / "data" / "sft", fill=fill)
     print(f"[distill] {json.dumps(result['distill'])}", flush=True)
     return folder
 
@@ -186,6 +202,17 @@ def main(argv: list[str], prog: str) -> int:
     )
     p.add_argument("--sample-rows", type=int, default=300, help="--warm-start self: shuffled train rows sampled")
     p.add_argument("--samples", type=int, default=4, help="--warm-start self: samples per row, at temperature 1")
+    p.add_argument(
+        "--sample-irrelevance",
+        type=int,
+        default=0,
+        metavar="ROWS",
+        help="--warm-start self: also sample ROWS of the train split's irrelevance tasks (no function fits) and keep "
+        "the model's own refusals, in words (0: none)",
+    )
+    p.add_argument(
+        "--irrelevance-samples", type=int, default=2, help="--sample-irrelevance: samples per row, at temperature 1"
+    )
     p.add_argument(
         "--fill-reference",
         default="",

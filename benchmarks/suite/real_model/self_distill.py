@@ -14,6 +14,7 @@ format moves. Nothing of the held-out split is read: the samples come from the t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -82,27 +83,46 @@ def lenient_verdict(answer: str, row: dict) -> bool:
     return check(lenient_calls(answer), functions, truth, row["category"]).valid
 
 
+# A call written as bare JSON or in a tag the lenient reader does not take: such an answer scores as "no call", but
+# it is not a refusal to teach.
+_CALL_LIKE = re.compile(r'"(?:name|arguments|parameters|function)"\s*:|<tool_call>|<function')
+
+
+def refusal_worth_keeping(answer: str, record: dict) -> bool:
+    """An answer without calls is kept as a refusal only when it is words: finished (not cut at the token limit) and
+    with nothing call-like in it (the untrained model often writes an invented function's call as bare JSON)."""
+    return record.get("finish_reason", "done") == "done" and not _CALL_LIKE.search(answer)
+
+
 def distill(
-    transcripts: Path,
-    rows_file: Path,
+    transcripts: Path | list[Path],
+    rows_file: Path | list[Path],
     out: Path,
     per_task: int = 1,
     reference: Path | None = None,
     fill: tuple[str, ...] = (),
 ) -> dict:
     """SFT rows (a `datasets` folder at `out`: messages, tools, id) from the accepted answers in `transcripts` (an
-    `agentrl-ray eval --out` folder's transcripts.jsonl over `rows_file`); returns counts per category. With
-    `reference` (the train split's reference conversations, make_data.py's sft/ folder) and `fill` categories, a
-    sampled task of those categories with no accepted answer gets its reference answer instead: what the model never
-    writes (several calls in one turn) is taught from the train split's answers."""
+    `agentrl-ray eval --out` folder's transcripts.jsonl over `rows_file`, or several such pairs, e.g. the AST tasks'
+    samples and the irrelevance tasks'); returns counts per category. An accepted answer with calls is written back
+    as those calls; one without (an irrelevance task's refusal) is kept in the model's own words when
+    `refusal_worth_keeping`. With `reference` (the train split's reference conversations, make_data.py's sft/ folder)
+    and `fill` categories, a sampled task of those categories with no accepted answer gets its reference answer
+    instead: what the model never writes (several calls in one turn) is taught from the train split's answers."""
     from datasets import Dataset, load_from_disk
 
-    rows = {str(r["id"]): r for r in map(json.loads, rows_file.read_text().splitlines())}
+    transcript_files = transcripts if isinstance(transcripts, list) else [transcripts]
+    rows_files = rows_file if isinstance(rows_file, list) else [rows_file]
+    if len(transcript_files) != len(rows_files):
+        raise ValueError(f"{len(transcript_files)} transcript files for {len(rows_files)} row files: pair them")
+    rows = {str(r["id"]): r for f in rows_files for r in map(json.loads, f.read_text().splitlines())}
+    records = [json.loads(line) for f in transcript_files for line in f.read_text().splitlines()]
     kept: dict[str, int] = {}
     seen: dict[str, int] = {}
     accepted: dict[str, int] = {}
+    dropped_refusals = 0
     conversations = []
-    for record in map(json.loads, transcripts.read_text().splitlines()):
+    for record in records:
         row = rows[str(record["id"])]
         category = row["category"]
         seen[category] = seen.get(category, 0) + 1
@@ -110,15 +130,17 @@ def distill(
         if not lenient_verdict(answer, row):
             continue
         accepted[category] = accepted.get(category, 0) + 1
-        if kept.get(row["id"], 0) >= per_task:
-            continue
-        kept[row["id"]] = kept.get(row["id"], 0) + 1
-        prompt = [m for m in record["messages"] if m["role"] in ("system", "user")]
         calls = [
             {"type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
             for name, args in lenient_calls(answer)
         ]
-        # An accepted answer without calls (an irrelevance task's refusal) is kept as the model's own words.
+        if not calls and not refusal_worth_keeping(answer, record):
+            dropped_refusals += 1
+            continue
+        if kept.get(row["id"], 0) >= per_task:
+            continue
+        kept[row["id"]] = kept.get(row["id"], 0) + 1
+        prompt = [m for m in record["messages"] if m["role"] in ("system", "user")]
         content = "" if calls else answer.strip()
         conversations.append(
             {
@@ -129,7 +151,7 @@ def distill(
         )
     filled: dict[str, int] = {}
     if reference is not None and fill:
-        sampled = {str(r["id"]) for r in map(json.loads, transcripts.read_text().splitlines())}
+        sampled = {str(r["id"]) for r in records}
         for ref in load_from_disk(str(reference)):
             row = rows.get(str(ref["id"]))
             if row and row["id"] in sampled and row["category"] in fill and row["id"] not in kept:
@@ -142,6 +164,7 @@ def distill(
         "accepted_samples": accepted,
         "tasks_kept": tasks_kept,
         "reference_rows": filled,
+        "refusals_not_kept": dropped_refusals,
         "rows": len(conversations),
         "sampled_lenient_pass": sum(accepted.values()) / max(1, sum(seen.values())),
     }
