@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 from agentrl_ray.config import BUILTIN_MODELS, ConfigError, parse_overrides
 from agentrl_ray.config import help as config_help
@@ -67,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value")
     plan.add_argument("--nodes", help='a cluster to plan for: JSON such as \'[{"count": 4, "CPU": 96, "GPU": 8}]\'')
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument(
+        "--measured",
+        metavar="RUN_DIR",
+        type=Path,
+        help="a finished batch-pipeline run of a few steps: also print the expected balance of engines and learner",
+    )
     build = sub.add_parser("build-model", help="build and cache a built-in model (default: the tiny default model)")
     build.add_argument("--size", default="tiny", choices=BUILTIN_MODELS, help="small: ~25M parameters")
     build.add_argument(
@@ -153,7 +160,7 @@ def _run(args: argparse.Namespace) -> int:
         from agentrl_ray.infra.plan_cmd import show
 
         try:
-            show(cfg, args.nodes, args.json)
+            show(cfg, args.nodes, args.json, args.measured)
         except ConfigError as exc:  # PlacementError included: the cluster cannot hold the plan
             print(f"agentrl-ray: {exc}", file=sys.stderr)
             return 2

@@ -1,16 +1,20 @@
-"""`agentrl-ray plan CONFIG [overrides] [--nodes JSON] [--json]`: print the placement plan without training.
+"""`agentrl-ray plan CONFIG [overrides] [--nodes JSON] [--json] [--measured RUN_DIR]`: the placement plan, no training.
 
     agentrl-ray plan examples/calculator/config.yaml profile=gpu --nodes '[{"count": 4, "CPU": 96, "GPU": 8}]'
     RAY_ADDRESS=auto agentrl-ray plan examples/calculator/config.yaml profile=gpu     # the cluster you are on
+    agentrl-ray plan examples/longtail/config.yaml sync.pipeline=stream --measured runs/longtail/probe
 
 The nodes come from `--nodes` (a cluster you plan for, see `placement.nodes_from_spec`), else from the Ray cluster
-at RAY_ADDRESS, else from this machine (what `agentrl-ray train` would start locally).
+at RAY_ADDRESS, else from this machine (what `agentrl-ray train` would start locally). With `--measured RUN_DIR` (a
+finished batch-pipeline run of a few steps) it also prints the expected balance: each side's seconds a step on the
+planned engines and learner ranks, each pipeline's step, and which side is the bottleneck (infra/balance.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from agentrl_ray.config import Config
 from agentrl_ray.infra.placement import Node, Plan, make_plan, nodes_from_spec
@@ -35,7 +39,17 @@ def cluster_nodes(spec: str | None) -> list[Node]:
     return [Node("local", float(hw.cpus), float(hw.gpus), head=True)]
 
 
-def show(cfg: Config, spec: str | None, as_json: bool) -> Plan:
+def show(cfg: Config, spec: str | None, as_json: bool, measured: Path | None = None) -> Plan:
     plan = make_plan(cluster_nodes(spec), cfg)
-    print(json.dumps(plan.to_dict(), indent=2) if as_json else plan.describe())
+    if measured is None:
+        print(json.dumps(plan.to_dict(), indent=2) if as_json else plan.describe())
+        return plan
+    from agentrl_ray.infra.balance import describe, expected_balance, measured_costs
+
+    costs = measured_costs(measured)
+    engines, ranks = len(plan.engines), len(plan.learners)
+    if as_json:
+        print(json.dumps({**plan.to_dict(), "balance": expected_balance(costs, cfg, engines, ranks)}, indent=2))
+    else:
+        print(plan.describe() + "\n" + describe(costs, cfg, engines, ranks))
     return plan
