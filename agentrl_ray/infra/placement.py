@@ -226,17 +226,21 @@ def make_plan(nodes: list[Node], cfg: Config) -> Plan:
     ]
     engine_slots, env_slots, bundles = _bundles(engine_slots, env_slots)
     gpu_mem = r.gpu_memory_utilization or GPU_MEMORY.get(mode, 0.85)
-    return Plan(mode, nodes, engine_slots, env_slots, learner_slots, bundles, tp, gpu_mem, _pipeline(cfg, mode))
+    apart = not {s.node_id for s in engine_slots} & {s.node_id for s in learner_slots}
+    return Plan(mode, nodes, engine_slots, env_slots, learner_slots, bundles, tp, gpu_mem, _pipeline(cfg, mode, apart))
 
 
-def _pipeline(cfg: Config, mode: str) -> str:
+def _pipeline(cfg: Config, mode: str, apart: bool) -> str:
+    """What the pipeline means on this plan; `apart`: no node holds both an engine and a learner rank."""
     k = cfg.sync.max_staleness
     if cfg.sync.pipeline == "batch":
         return f"batch, k={k}: " + ("on-policy" if k == 0 else "step t+1 sampled while step t trains")
-    where = {
-        "cpu": "engines and learner share the nodes' cores: the update runs slower while the engines generate",
-        "separate": "engines and learner on their own GPUs",
-    }[mode]
+    if mode == "separate":
+        where = "engines and learner on their own GPUs"
+    elif apart:
+        where = "engines and learner on separate nodes"
+    else:
+        where = "engines and learner share the nodes' cores: the update runs slower while the engines generate"
     return f"stream, k={k}: up to {max(k, 1)} steps of groups in flight, weights land between turns; {where}"
 
 

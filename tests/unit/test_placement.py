@@ -215,4 +215,12 @@ def test_the_stream_pipeline_needs_engines_apart_and_the_plan_says_which_pipelin
         "share the nodes' cores"
         in make_plan(nodes_from_spec('[{"CPU": 2}]'), _cfg("profile=cpu", *stream[2:])).pipeline
     )
+    apart = '[{"CPU": 2, "resources": {"rollout_node": 4}}, {"CPU": 2, "resources": {"learner_node": 4}}]'
+    pinned = (
+        "rollout.resources={rollout_node: 1}",
+        "env.resources={rollout_node: 1}",
+        "learner.resources={learner_node: 1}",
+    )
+    plan = make_plan(nodes_from_spec(apart), _cfg("profile=cpu", *stream[2:], *pinned))
+    assert "on separate nodes" in plan.pipeline and {s.node_id for s in plan.engines} == {"node0"}
     assert make_plan(nodes_from_spec('[{"CPU": 2}]'), _cfg("profile=cpu")).pipeline.startswith("batch, k=")

@@ -14,11 +14,14 @@ from pathlib import Path
 from results_path import ROOT, default_out, with_meta
 
 
-def train_records(config: str, overrides: list[str]) -> list[dict]:
-    """Every metrics.jsonl record of the run (step 0, an evaluation at the start, included if the run writes it)."""
+def train_records(config: str, overrides: list[str], ray_address: str | None = None) -> list[dict]:
+    """Every metrics.jsonl record of the run (step 0, an evaluation at the start, included if the run writes it).
+    With `ray_address` the run joins that Ray cluster (RAY_ADDRESS) instead of starting a local Ray."""
     out = Path(tempfile.mkdtemp(prefix="agentrl-bench-"))
     cmd = [str(Path(sys.executable).parent / "agentrl-ray"), "train", config, *overrides, f"run.output_dir={out}"]
     env = {**os.environ, "AGENTRL_CACHE": os.environ.get("AGENTRL_CACHE", str(ROOT / ".cache" / "agentrl_ray"))}
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
     (metrics,) = out.glob("*/metrics.jsonl")
     return [json.loads(line) for line in metrics.read_text().splitlines()]

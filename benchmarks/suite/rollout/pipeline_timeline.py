@@ -3,6 +3,11 @@ pipeline (issue 67, docs/async.md) is measured against.
 
     python benchmarks/run.py rollout --mode pipeline_timeline         # examples/longtail, 12 steps: k=0, 1; stream 2, 4
     python benchmarks/run.py rollout --mode pipeline_timeline --modes 0,stream:2 --steps 20 -- env.kwargs.sigma=1.5
+    python benchmarks/run.py rollout --mode pipeline_timeline --cluster          # on a multi-node Ray cluster
+
+With `--cluster` every run joins one `ray.cluster_utils.Cluster` started here: a head without CPUs, a rollout node
+(the engines and env hosts, pinned by custom resources) and a learner node, each its own raylet and object store, so
+weights and trajectories cross nodes as on a real cluster. On one machine the nodes still share its cores.
 
 Each mode is one run of the installed CLI (`agentrl-ray train CONFIG sync.max_staleness=K`, with
 `sync.pipeline=stream` for `stream:K`), no evaluation; the first step (start-up's) is left out. Per step, from
@@ -22,11 +27,13 @@ compare each mode's trained trajectories/s with batch k=0's and k=1's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
 from pathlib import Path
 
+from results_path import default_out
 from suite.common.cli_runs import train_records, write_result
 
 KEYS = {
@@ -58,6 +65,29 @@ def summarize(records: list[dict]) -> dict:
     return out
 
 
+# Engines and env hosts on the rollout node, the learner on its own (the custom resources of `multi_node_cluster`).
+PINNED = [
+    "rollout.resources={rollout_node: 1}",
+    "env.resources={rollout_node: 1}",
+    "learner.resources={learner_node: 1}",
+]
+
+
+@contextlib.contextmanager
+def multi_node_cluster(cpus_per_node: int):
+    """A Ray cluster of three nodes on this machine: a head without CPUs, a rollout node and a learner node."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    try:
+        for role in ("rollout_node", "learner_node"):
+            cluster.add_node(num_cpus=cpus_per_node, resources={role: 10})
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
 def mode_overrides(mode: str) -> list[str]:
     """`K`: the batch pipeline at sync.max_staleness=K; `stream:K`: the stream pipeline."""
     if mode.startswith("stream:"):
@@ -84,6 +114,13 @@ def main(argv: list[str], prog: str) -> None:
         help="--project against this earlier result, measuring nothing (its stored calibration too: see --calibrate)",
     )
     p.add_argument("--calibrate", action="store_true", help="with --project-from: measure the calibration again")
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run every mode on a multi-node ray.cluster_utils.Cluster started here: the engines and env hosts on "
+        "one node, the learner on another",
+    )
+    p.add_argument("--node-cpus", type=int, default=2, help="--cluster: logical CPUs of each of the two nodes")
     a = p.parse_args(argv)
     if a.project_from:
         from suite.rollout.pipeline_sim import project
@@ -103,9 +140,10 @@ def main(argv: list[str], prog: str) -> None:
     base = [f"run.steps={a.steps}", "run.eval_at_start=false", "run.eval_every=0", "run.checkpoint_every=0", *a.extra]
     t0 = time.time()
     modes = {}
-    for mode in a.modes.split(","):
-        records = train_records(a.config, [*base, *mode_overrides(mode)])
-        modes[names.get(mode, mode.replace(":", "_k"))] = summarize(records)
+    with multi_node_cluster(a.node_cpus) if a.cluster else contextlib.nullcontext() as address:
+        for mode in a.modes.split(","):
+            records = train_records(a.config, [*base, *(PINNED if a.cluster else []), *mode_overrides(mode)], address)
+            modes[names.get(mode, mode.replace(":", "_k"))] = summarize(records)
     for mode in modes.values():
         for ref in ("sync", "one_step_off"):
             if ref in modes:
@@ -116,6 +154,9 @@ def main(argv: list[str], prog: str) -> None:
         "env_latency": {"median_s": cfg.env.kwargs.get("median_s"), "sigma": sigma}
         | ({"p99_over_median": p99_over_median(sigma)} if sigma is not None else {}),
         "trajectories_per_step": per_step,
+        "ray": f"multi-node Cluster: head (0 CPUs), rollout node and learner node ({a.node_cpus} CPUs each)"
+        if a.cluster
+        else "local",
         "modes": modes,
         "wall_s": time.time() - t0,
     }
@@ -127,7 +168,10 @@ def main(argv: list[str], prog: str) -> None:
     for name in ("stale_dropped", "regenerated_groups"):
         print(f"{name:28s}" + "".join(f"{v[name]:18d}" for v in modes.values()))
     summary = ", ".join(f"{name} {m['trajectories_per_s']:.2f} trajectories/s" for name, m in modes.items())
-    path = write_result("pipeline_timeline", a.config, a.out, result, summary)
+    out = a.out
+    if a.cluster and not out:  # beside the local Ray's result, not over it
+        out = str(default_out("pipeline_timeline", label=f"{Path(a.config).parent.name}-cluster"))
+    path = write_result("pipeline_timeline", a.config, out, result, summary)
     if a.project:
         from suite.rollout.pipeline_sim import project
 
