@@ -11,6 +11,8 @@ What is checked (`check`, called by `driver.train` once Ray is up, with the toke
 - `env.kwargs` bind to the environment's constructor (`inspect.signature(...).bind`).
 - The environment's `reset(**row)` succeeds on a sample of rows (`SAMPLE_ROWS`, spread over the dataset): one
   environment per row, in this process, closed afterwards. The text it returns counts towards the prompt below.
+- `rollout.max_total_tokens` fits the model's context (its config.json's `max_position_embeddings` and kin; vLLM
+  refuses a longer one only once its engine starts).
 - Every prompt, rendered with the model's chat template and the environment's tool schemas exactly as the rollout
   worker renders it, fits `rollout.max_total_tokens` (the worker needs room for at least one generated token).
 - Every reward function's required parameters are columns of every row (or arguments the worker passes).
@@ -22,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from agentrl_ray.chat_format import prompt_messages
@@ -91,6 +95,7 @@ def check(cfg: Config, model_path: str, train_rows: list[dict], eval_rows: list[
     env_class = make_env_class(cfg.env.name, cfg.env.tool_specs())  # the class the env hosts build
     check_env_kwargs(env_class, cfg.env.kwargs, cfg.env.name)
     reward_funcs = load_reward_functions(cfg.reward.functions)
+    check_context(cfg.rollout.max_total_tokens, model_path)
     tokenizer = tokenizer or load_tokenizer(model_path)
     for key, spec, rows in datasets:
         where = f"{key} {spec!r}"
@@ -199,6 +204,32 @@ def check_prompt_lengths(
                 "leaves no room to "
                 "generate: raise rollout.max_total_tokens or shorten the prompt"
             )
+
+
+# The keys a model's config.json may state its context under (the smallest one present binds, as vLLM reads them).
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+
+
+def check_context(max_total_tokens: int, model_path: str) -> None:
+    """`rollout.max_total_tokens` within the context the model's config.json states. Skipped where the model is not a
+    local folder, states no context, or scales its positions (`rope_scaling`: its usable length is not one key)."""
+    config = Path(model_path) / "config.json"
+    if not config.is_file():
+        return
+    try:
+        text = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return  # the model's own loader reports a broken config.json better
+    text = text.get("text_config", text)  # a multimodal model's language part
+    stated = [text[k] for k in _CONTEXT_KEYS if isinstance(text.get(k), int) and text[k] > 0]
+    if not stated or text.get("rope_scaling"):
+        return
+    context = min(stated)
+    if max_total_tokens > context:
+        raise ConfigError(
+            f"rollout.max_total_tokens={max_total_tokens} is longer than the model's context ({context} tokens, "
+            f"{config}): set rollout.max_total_tokens={context} or less"
+        )
 
 
 def check_reward_columns(fn: Callable, name: str, rows: list[dict], where: str) -> None:

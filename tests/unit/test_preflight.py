@@ -6,6 +6,7 @@ No Ray: the checks run in the driver's process before Ray starts. Uses the built
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -151,3 +152,18 @@ def test_plain_function_tools_and_the_system_prompt_are_checked_as_the_worker_re
     long_system = "rollout.system_prompt=" + "be brief " * 300
     with pytest.raises(ConfigError, match=r"row 0 .* the prompt is \d+ tokens with the chat template and 1 tool"):
         preflight.check(config(*tools_only, long_system), builtin_model_path, rows(), rows(10))
+
+
+def test_a_token_budget_past_the_models_context_is_named_before_any_engine_starts(builtin_model_path, tmp_path):
+    context = json.loads((Path(builtin_model_path) / "config.json").read_text())["max_position_embeddings"]
+    preflight.check(config(f"rollout.max_total_tokens={context}"), builtin_model_path, rows(), rows(10))  # fits
+    message = rf"max_total_tokens={context + 1} is longer than the model's context \({context} tokens, .*or less"
+    with pytest.raises(ConfigError, match=message):
+        preflight.check(config(f"rollout.max_total_tokens={context + 1}"), builtin_model_path, rows(), rows(10))
+    # Scaled positions state no one length: not refused here.
+    scaled = {"max_position_embeddings": 256, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    (tmp_path / "config.json").write_text(json.dumps(scaled))
+    preflight.check_context(1024, str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"n_positions": 256, "max_position_embeddings": 512}))
+    with pytest.raises(ConfigError, match=r"context \(256 tokens"):  # the smallest stated binds
+        preflight.check_context(300, str(tmp_path))
