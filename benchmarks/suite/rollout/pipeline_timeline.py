@@ -4,6 +4,8 @@ pipeline (issue 67, docs/async.md) is measured against.
     python benchmarks/run.py rollout --mode pipeline_timeline         # examples/longtail, 12 steps: k=0, 1; stream 2, 4
     python benchmarks/run.py rollout --mode pipeline_timeline --modes 0,stream:2 --steps 20 -- env.kwargs.sigma=1.5
     python benchmarks/run.py rollout --mode pipeline_timeline --cluster          # on a multi-node Ray cluster
+    python benchmarks/run.py rollout --mode pipeline_timeline --cluster --pin-cores   # each node its own cores
+    python benchmarks/run.py rollout --mode pipeline_timeline --modes 0,stream:4 --steps 30 --heldout-seeds 0 1 2
 
 With `--cluster` every run joins one `ray.cluster_utils.Cluster` started here: a head without CPUs, a rollout node
 (the engines and env hosts, pinned by custom resources) and a learner node, each its own raylet and object store, so
@@ -74,14 +76,26 @@ PINNED = [
 
 
 @contextlib.contextmanager
-def multi_node_cluster(cpus_per_node: int):
-    """A Ray cluster of three nodes on this machine: a head without CPUs, a rollout node and a learner node."""
+def multi_node_cluster(cpus_per_node: int, pin_cores: bool = False):
+    """A Ray cluster of three nodes on this machine: a head without CPUs, a rollout node and a learner node. With
+    `pin_cores` each of the two nodes gets cores of its own: its raylet, and so every worker it starts, is bound
+    (CPU affinity) to half of the machine's cores, the rollout node the first half, as separate machines would be."""
+    import psutil
     from ray.cluster_utils import Cluster
 
+    cores = sorted(psutil.Process().cpu_affinity())
+    halves = [cores[: len(cores) // 2], cores[len(cores) // 2 :]]
+    if pin_cores and not all(halves):
+        raise SystemExit(f"--pin-cores needs 2 cores or more; this process may use {cores}")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     try:
-        for role in ("rollout_node", "learner_node"):
-            cluster.add_node(num_cpus=cpus_per_node, resources={role: 10})
+        for role, half in zip(("rollout_node", "learner_node"), halves, strict=True):
+            node = cluster.add_node(num_cpus=cpus_per_node, resources={role: 10})
+            if pin_cores:
+                (raylet,) = node.all_processes["raylet"]
+                proc = psutil.Process(raylet.process.pid)
+                for p in [proc, *proc.children(recursive=True)]:  # workers it started already, and itself
+                    p.cpu_affinity(half)
         cluster.wait_for_nodes()
         yield cluster.address
     finally:
@@ -93,6 +107,42 @@ def mode_overrides(mode: str) -> list[str]:
     if mode.startswith("stream:"):
         return ["sync.pipeline=stream", f"sync.max_staleness={mode.removeprefix('stream:')}"]
     return ["sync.pipeline=batch", f"sync.max_staleness={mode}"]
+
+
+def heldout(a: argparse.Namespace) -> None:
+    """Held-out success at the end of each mode's run, per seed: what streaming costs in learning, if anything."""
+    runs: dict[str, list[dict]] = {}
+    t0 = time.time()
+    for seed in a.heldout_seeds:
+        for mode in a.modes.split(","):
+            base = [f"run.steps={a.steps}", "run.eval_at_start=false", f"run.eval_every={a.steps}"]
+            base += ["run.checkpoint_every=0", f"run.seed={seed}", *a.extra]
+            records = train_records(a.config, [*base, *mode_overrides(mode)])
+            last = [r for r in records if "eval/success" in r][-1]
+            ci = [last.get("eval/pass@1_ci95_lo"), last.get("eval/pass@1_ci95_hi")]
+            runs.setdefault(mode, []).append({"seed": seed, "success": last["eval/success"], "ci95": ci})
+            print(f"seed {seed} mode {mode}: held-out success {last['eval/success']:.3f} (95% CI {ci})", flush=True)
+    if "0" in runs:
+        sync = {r["seed"]: r for r in runs["0"]}
+        for rows in runs.values():
+            for r in rows:
+                lo, hi = sync[r["seed"]]["ci95"]
+                r["within_sync_ci95"] = lo is not None and lo <= r["success"] <= hi
+    modes = {
+        mode: {"runs": rows, "mean_success": statistics.fmean(r["success"] for r in rows)}
+        for mode, rows in runs.items()
+    }
+    summary = ", ".join(f"{m} {v['mean_success']:.3f}" for m, v in modes.items())
+    result = {
+        "config": a.config,
+        "steps": a.steps,
+        "seeds": a.heldout_seeds,
+        "heldout": modes,
+        "wall_s": time.time() - t0,
+    }
+    label = f"{Path(a.config).parent.name}-heldout"
+    write_result("pipeline_timeline", a.config, a.out or str(default_out("pipeline_timeline", label=label)), result,
+                 f"held-out success at step {a.steps}, mean over seeds {a.heldout_seeds}: {summary}")  # fmt: skip
 
 
 def main(argv: list[str], prog: str) -> None:
@@ -121,7 +171,25 @@ def main(argv: list[str], prog: str) -> None:
         "one node, the learner on another",
     )
     p.add_argument("--node-cpus", type=int, default=2, help="--cluster: logical CPUs of each of the two nodes")
+    p.add_argument(
+        "--pin-cores",
+        action="store_true",
+        help="--cluster: bind the rollout node to the first half of the cores and the learner node to the second "
+        "(CPU affinity), so that engines and learner do not compete for cores, as on separate machines",
+    )
+    p.add_argument(
+        "--heldout-seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="SEED",
+        help="instead of timing: train each mode --steps steps once per seed and compare the held-out success at the "
+        "end (the config's eval split, greedy) with the synchronous run's 95%% interval of the same seed",
+    )
     a = p.parse_args(argv)
+    if a.heldout_seeds:
+        heldout(a)
+        return
     if a.project_from:
         from suite.rollout.pipeline_sim import project
 
@@ -140,7 +208,7 @@ def main(argv: list[str], prog: str) -> None:
     base = [f"run.steps={a.steps}", "run.eval_at_start=false", "run.eval_every=0", "run.checkpoint_every=0", *a.extra]
     t0 = time.time()
     modes = {}
-    with multi_node_cluster(a.node_cpus) if a.cluster else contextlib.nullcontext() as address:
+    with multi_node_cluster(a.node_cpus, a.pin_cores) if a.cluster else contextlib.nullcontext() as address:
         for mode in a.modes.split(","):
             records = train_records(a.config, [*base, *(PINNED if a.cluster else []), *mode_overrides(mode)], address)
             modes[names.get(mode, mode.replace(":", "_k"))] = summarize(records)
@@ -154,7 +222,8 @@ def main(argv: list[str], prog: str) -> None:
         "env_latency": {"median_s": cfg.env.kwargs.get("median_s"), "sigma": sigma}
         | ({"p99_over_median": p99_over_median(sigma)} if sigma is not None else {}),
         "trajectories_per_step": per_step,
-        "ray": f"multi-node Cluster: head (0 CPUs), rollout node and learner node ({a.node_cpus} CPUs each)"
+        "ray": f"multi-node Cluster: head (0 CPUs), rollout node and learner node ({a.node_cpus} CPUs each"
+        + (", each bound to half of the cores)" if a.pin_cores else ")")
         if a.cluster
         else "local",
         "modes": modes,
@@ -170,7 +239,8 @@ def main(argv: list[str], prog: str) -> None:
     summary = ", ".join(f"{name} {m['trajectories_per_s']:.2f} trajectories/s" for name, m in modes.items())
     out = a.out
     if a.cluster and not out:  # beside the local Ray's result, not over it
-        out = str(default_out("pipeline_timeline", label=f"{Path(a.config).parent.name}-cluster"))
+        label = f"{Path(a.config).parent.name}-cluster" + ("-pinned" if a.pin_cores else "")
+        out = str(default_out("pipeline_timeline", label=label))
     path = write_result("pipeline_timeline", a.config, out, result, summary)
     if a.project:
         from suite.rollout.pipeline_sim import project
