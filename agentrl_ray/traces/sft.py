@@ -99,6 +99,25 @@ def prompt_completion(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def tokenized(tokenizer, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`input_ids` and `completion_mask` of each prompt-completion row, as TRL's SFTTrainer would tokenize it.
+
+    Done here, before the rows become an Arrow dataset: Arrow gives every message every key of the column (a null
+    `tool_calls` on a plain answer), and Llama 3's template reads a `tool_calls` key as a call, whatever its value.
+    The completion starts where the prompt's rendering (with the generation prompt) and the whole one diverge.
+    """
+    out = []
+    for row in rows:
+        tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
+        prompt = tokenizer.apply_chat_template(
+            row["prompt"], tools=tools, add_generation_prompt=True, return_dict=False
+        )
+        ids = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tools=tools, return_dict=False)
+        n = next((i for i, (a, b) in enumerate(zip(prompt, ids)) if a != b), min(len(prompt), len(ids)))
+        out.append({"input_ids": ids, "completion_mask": [0] * n + [1] * (len(ids) - n)})
+    return out
+
+
 def run_sft(source: str, model: str, out_dir: str, opts: SFTOptions) -> dict[str, Any]:
     """Train, save the model and tokenizer to `out_dir`, and return a summary (rows, steps, final loss)."""
     from datasets import Dataset
@@ -129,7 +148,12 @@ def run_sft(source: str, model: str, out_dir: str, opts: SFTOptions) -> dict[str
         lr_scheduler_type="cosine",
         warmup_steps=5,
     )
-    trainer = SFTTrainer(model=model_path, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    trainer = SFTTrainer(
+        model=model_path,
+        args=args,
+        train_dataset=Dataset.from_list(tokenized(tokenizer, rows)),
+        processing_class=tokenizer,
+    )
     with completion_positions_only():
         result = trainer.train()
     trainer.save_model(out_dir)

@@ -236,3 +236,24 @@ def test_sft_head_scores_only_the_completion_with_the_same_loss_and_gradients(bu
     assert torch.equal(compact.is_top1, every.is_top1)
     for a, b in zip(compact_grads, every_grads, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_sft_rows_are_tokenized_before_arrow_gives_an_answer_a_null_tool_calls(builtin_model_path):
+    """Llama 3's template reads a `tool_calls` key as a call whatever its value; Arrow gives every message one."""
+    from family_models import calculator_conversations
+    from test_tool_format import family
+
+    from agentrl_ray.builtin.tokenizer import load_tokenizer
+    from agentrl_ray.traces.sft import prompt_completion, tokenized
+
+    tok = family(load_tokenizer(builtin_model_path), "llama3_2")
+    [row] = prompt_completion(calculator_conversations(1))
+    from datasets import Dataset
+
+    assert Dataset.from_list([row])[0]["completion"][-1]["tool_calls"] is None  # what TRL would render
+    [out] = tokenized(tok, [row])
+    completion = tok.decode([i for i, m in zip(out["input_ids"], out["completion_mask"]) if m])
+    assert completion.startswith('{"name": "calculator", "parameters": {"expression": ')
+    answer = row["completion"][-1]["content"]  # a plain answer, not a call with null arguments
+    assert completion.endswith(f"<|start_header_id|>assistant<|end_header_id|>\n\n{answer}<|eot_id|>")
+    assert completion.count('"parameters"') == 1
