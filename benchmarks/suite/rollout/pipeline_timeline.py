@@ -110,9 +110,13 @@ def mode_overrides(mode: str) -> list[str]:
 
 
 def heldout(a: argparse.Namespace) -> None:
-    """Held-out success at the end of each mode's run, per seed: what streaming costs in learning, if anything."""
+    """Held-out success at the end of each mode's run, per seed: what streaming costs in learning, if anything. The
+    result is written after every run (`done` false until the last), so a comparison cut short keeps its runs."""
     runs: dict[str, list[dict]] = {}
     t0 = time.time()
+    label = f"{Path(a.config).parent.name}-heldout"
+    out = a.out or str(default_out("pipeline_timeline", label=label))
+    total = len(a.heldout_seeds) * len(a.modes.split(","))
     for seed in a.heldout_seeds:
         for mode in a.modes.split(","):
             base = [f"run.steps={a.steps}", "run.eval_at_start=false", f"run.eval_every={a.steps}"]
@@ -122,10 +126,17 @@ def heldout(a: argparse.Namespace) -> None:
             ci = [last.get("eval/pass@1_ci95_lo"), last.get("eval/pass@1_ci95_hi")]
             runs.setdefault(mode, []).append({"seed": seed, "success": last["eval/success"], "ci95": ci})
             print(f"seed {seed} mode {mode}: held-out success {last['eval/success']:.3f} (95% CI {ci})", flush=True)
-    if "0" in runs:
-        sync = {r["seed"]: r for r in runs["0"]}
-        for rows in runs.values():
-            for r in rows:
+            done = sum(map(len, runs.values())) == total
+            write_result("pipeline_timeline", a.config, out, *_heldout_result(a, runs, done, time.time() - t0))
+
+
+def _heldout_result(a: argparse.Namespace, runs: dict[str, list[dict]], done: bool, wall_s: float) -> tuple:
+    """The result of the runs so far, each marked within the sync run's 95% interval of its seed where there is one,
+    and its summary."""
+    sync = {r["seed"]: r for r in runs.get("0", [])}
+    for rows in runs.values():
+        for r in rows:
+            if r["seed"] in sync:
                 lo, hi = sync[r["seed"]]["ci95"]
                 r["within_sync_ci95"] = lo is not None and lo <= r["success"] <= hi
     modes = {
@@ -133,16 +144,8 @@ def heldout(a: argparse.Namespace) -> None:
         for mode, rows in runs.items()
     }
     summary = ", ".join(f"{m} {v['mean_success']:.3f}" for m, v in modes.items())
-    result = {
-        "config": a.config,
-        "steps": a.steps,
-        "seeds": a.heldout_seeds,
-        "heldout": modes,
-        "wall_s": time.time() - t0,
-    }
-    label = f"{Path(a.config).parent.name}-heldout"
-    write_result("pipeline_timeline", a.config, a.out or str(default_out("pipeline_timeline", label=label)), result,
-                 f"held-out success at step {a.steps}, mean over seeds {a.heldout_seeds}: {summary}")  # fmt: skip
+    result = {"config": a.config, "steps": a.steps, "seeds": a.heldout_seeds, "done": done, "heldout": modes}
+    return {**result, "wall_s": wall_s}, f"held-out success at step {a.steps}, mean over seeds so far: {summary}"
 
 
 def main(argv: list[str], prog: str) -> None:
