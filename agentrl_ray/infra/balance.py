@@ -3,7 +3,7 @@ which side waits for the other in each pipeline, from the per-phase costs a meas
 
     agentrl-ray train examples/longtail/config.yaml run.steps=6 run.eval_at_start=false run.name=probe
     agentrl-ray plan examples/longtail/config.yaml sync.pipeline=stream --nodes '[{"count": 8, "CPU": 32}]' \
-        --measured runs/longtail/probe
+        --measured runs/probe
 
 The model, first order and written down so that its misses can be read (docs/async.md checks it against measured
 runs): from the measured run's steps after the first (medians), an engine spends `rollout_worker_s / (S0 / E0)`

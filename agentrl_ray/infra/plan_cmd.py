@@ -2,7 +2,7 @@
 
     agentrl-ray plan examples/calculator/config.yaml profile=gpu --nodes '[{"count": 4, "CPU": 96, "GPU": 8}]'
     RAY_ADDRESS=auto agentrl-ray plan examples/calculator/config.yaml profile=gpu     # the cluster you are on
-    agentrl-ray plan examples/longtail/config.yaml sync.pipeline=stream --measured runs/longtail/probe
+    agentrl-ray plan examples/longtail/config.yaml sync.pipeline=stream --measured runs/probe
 
 The nodes come from `--nodes` (a cluster you plan for, see `placement.nodes_from_spec`), else from the Ray cluster
 at RAY_ADDRESS, else from this machine (what `agentrl-ray train` would start locally). With `--measured RUN_DIR` (a
