@@ -56,9 +56,15 @@ def free_port() -> int:
 
 
 def wait(what, check, timeout=20.0):
+    """`check()`'s value once truthy; an element the page re-rendered while `check` read it counts as not yet."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
     end = time.monotonic() + timeout
     while True:
-        value = check()
+        try:
+            value = check()
+        except StaleElementReferenceException:
+            value = None
         if value:
             return value
         if time.monotonic() > end:
@@ -106,10 +112,12 @@ def test_the_page_shows_a_finished_run_and_follows_a_live_one(browser, viewer):
     assert "done" in browser.find_element("css selector", '#run-list li[data-run="finished"]').text
 
     browser.find_element("css selector", '#tabs button[data-tab="health"]').click()
-    integrity = browser.find_element("id", "integrity-table")
-    wait("the integrity checks", lambda: "token_continuity" in integrity.text)
-    assert "4 steps checked, 1 with a failed check" in browser.find_element("id", "integrity-summary").text
-    assert BROKEN in integrity.text and "3.0e-6" in integrity.text  # step 3's break; every step's probe gap
+    # Read afresh each time: the live page re-renders the health tab while it is read.
+    table = wait("the integrity checks", lambda: (t := browser.find_element("id", "integrity-table").text)
+                 and "token_continuity" in t and t)  # fmt: skip
+    summary = "4 steps checked, 1 with a failed check"
+    wait("the integrity summary", lambda: summary in browser.find_element("id", "integrity-summary").text)
+    assert BROKEN in table and "3.0e-6" in table  # step 3's break; every step's probe gap
     assert browser.execute_script(chart.format("integrity"))[1] == [3e-6] * 4
 
     browser.find_element("css selector", '#tabs button[data-tab="rollouts"]').click()
